@@ -1,0 +1,302 @@
+"""The contract: spec, job, report and error models shared by client, service and worker.
+
+This module is the single home of every default. The service validates requests with these
+models, the worker's engine fills them in, and the client parses responses with them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Objective = Literal["hlm", "slm", "dm", "fula"]
+Protocol = Literal["standard", "invariance_aware"]
+Direction = Literal["front_to_back", "back_to_front"]
+Directions = Literal["front_to_back", "back_to_front", "both"]
+Control = Literal["clustered_noise", "identity", "shortcut"]
+JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+Verdict = Literal["similar", "dissimilar"]
+
+OBJECTIVES: tuple[Objective, ...] = ("hlm", "slm", "dm", "fula")
+PROTOCOLS: tuple[Protocol, ...] = ("standard", "invariance_aware")
+BUILTIN_DATASETS: tuple[str, ...] = (
+    "digits",
+    "digits_correlated",
+    "digits_digit_only",
+    "digits_colour_only",
+    "digits_colour_patches",
+    "digits_marker",
+    "clustered_noise",
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LocalPath(_Strict):
+    """A file on the machine that runs the job (only for `stitchsim-server run`)."""
+
+    path: str
+
+
+class ModelRef(_Strict):
+    checkpoint: str | LocalPath = Field(
+        description='"sha256:<hex>" of an uploaded checkpoint, or {"path": ...} for local runs'
+    )
+    arch: str | None = Field(
+        default=None, description="timm architecture; else the checkpoint's __metadata__ arch"
+    )
+    arch_kwargs: dict[str, Any] | None = Field(
+        default=None, description="create_model kwargs; else the checkpoint's metadata"
+    )
+    input_size: int | None = Field(
+        default=None, ge=8, le=1024, description="square side the images are resized to"
+    )
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+
+    @field_validator("arch")
+    @classmethod
+    def _plain_registry_name(cls, v: str | None) -> str | None:
+        # hf-hub:/local-dir: names make timm download or read arbitrary paths.
+        if v is not None and (":" in v or "/" in v or not v.strip()):
+            raise ValueError(f"arch must be a plain timm model name, got {v!r}")
+        return v
+
+    @field_validator("std")
+    @classmethod
+    def _positive_std(cls, v: tuple[float, float, float] | None) -> Any:
+        if v is not None and min(v) <= 0:
+            raise ValueError("std values must be positive")
+        return v
+
+
+class LayerPair(_Strict):
+    front: str = Field(min_length=1, max_length=200)
+    back: str = Field(min_length=1, max_length=200)
+
+
+class TrainSettings(_Strict):
+    epochs: int = Field(default=10, ge=1, le=1000)
+    batch_size: int = Field(default=128, ge=1, le=8192)
+    lr: float = Field(default=1e-3, gt=0, le=10)
+    weight_decay: float = Field(default=1e-4, ge=0, le=1)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    seeds: int = Field(
+        default=1, ge=1, le=20, description="independent runs; >1 gives CIs over seeds"
+    )
+    init_samples: int = Field(
+        default=512, ge=1, le=100_000, description="samples for the least-squares init"
+    )
+    max_train_samples: int | None = Field(default=None, ge=10)
+    max_test_samples: int | None = Field(default=None, ge=10)
+
+
+class IRISettings(_Strict):
+    steps: int = Field(default=200, ge=1, le=10_000)
+    step_size: float = Field(default=1 / 255, gt=0, le=1, description="in [0,1] pixel units")
+    linf: float | None = Field(
+        default=None, gt=0, le=1, description="optional L-inf bound of |x' - x|"
+    )
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    batch_size: int = Field(default=256, ge=1, le=8192)
+    converged_below: float = Field(
+        default=0.25, gt=0, description="median relative distance under which IRIs count as converged"
+    )
+
+
+class ControlSettings(_Strict):
+    noise_sigmas: list[float] = Field(default=[0.1, 0.3], min_length=1, max_length=10)
+    shortcut_marker: int = Field(default=4, ge=1, le=32, description="marker side in pixels")
+
+    @field_validator("noise_sigmas")
+    @classmethod
+    def _nonneg(cls, v: list[float]) -> list[float]:
+        if any(s < 0 or s > 10 for s in v):
+            raise ValueError("noise sigmas must lie in [0, 10]")
+        return v
+
+
+class Spec(_Strict):
+    front: ModelRef
+    back: ModelRef
+    dataset: str | LocalPath = Field(
+        default="digits", description="built-in name, uploaded dataset id, or {path} in run"
+    )
+    layers: list[LayerPair] | Literal["auto"] = "auto"
+    objectives: list[Objective] = Field(default=["slm"], min_length=1)
+    protocols: list[Protocol] = Field(default=["standard", "invariance_aware"], min_length=1)
+    directions: Directions = "both"
+    train: TrainSettings = TrainSettings()
+    iri: IRISettings = IRISettings()
+    controls: list[Control] = Field(default=[])
+    control_settings: ControlSettings = ControlSettings()
+    threshold: float | None = Field(default=None, ge=0, le=1)
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+
+    @field_validator("layers")
+    @classmethod
+    def _some_layers(cls, v: Any) -> Any:
+        if isinstance(v, list) and not 1 <= len(v) <= 64:
+            raise ValueError("layers must hold between 1 and 64 stitch pairs, or be 'auto'")
+        return v
+
+    @field_validator("objectives", "protocols", "controls")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("values must not repeat")
+        return v
+
+    def direction_list(self) -> list[Direction]:
+        if self.directions == "both":
+            return ["front_to_back", "back_to_front"]
+        return [self.directions]
+
+
+# ---------------------------------------------------------------- report
+
+
+class IRIStats(BaseModel):
+    start_median: float
+    median: float
+    p90: float
+    max: float
+    converged: bool
+    cache_hit: bool
+    n: int
+    seconds: float
+
+
+class ResultRow(BaseModel):
+    direction: Direction
+    front_layer: str
+    back_layer: str
+    objective: Objective
+    protocol: Protocol
+    agreement: float
+    agreement_ci: tuple[float, float]
+    hard_agreement: float
+    hard_agreement_ci: tuple[float, float]
+    accuracy: float
+    accuracy_ci: tuple[float, float]
+    stitching_penalty: float
+    error_consistency: float
+    error_consistency_ci: tuple[float, float]
+    train_loss: float
+    seconds: float
+    iri: IRIStats | None = None
+    stitch: str = Field(default="", description="how T maps the front tensor to the back one")
+    control: Control | None = None
+    sigma: float | None = None
+    excessive_agreement: float | None = None
+    rolled_agreement: float | None = None
+
+
+class ModelSummary(BaseModel):
+    checkpoint: str
+    arch: str
+    arch_kwargs: dict[str, Any] = {}
+    accuracy: float
+    accuracy_ci: tuple[float, float]
+    input_size: int
+    layers: list[str] = Field(default=[], description="stitch points used on this model")
+
+
+class SummaryRow(BaseModel):
+    protocol: Protocol
+    direction: Direction
+    objective: Objective
+    mean_agreement: float
+
+
+class Summary(BaseModel):
+    rows: list[SummaryRow]
+    by_protocol: dict[str, float] = Field(
+        description="per protocol: minimum over directions of the mean agreement"
+    )
+    similarity: float
+    similarity_protocol: Protocol
+    threshold: float | None
+    verdict: Verdict | None
+
+
+class Report(BaseModel):
+    job_id: str | None = None
+    spec: Spec
+    front: ModelSummary
+    back: ModelSummary
+    dataset: dict[str, Any]
+    results: list[ResultRow]
+    controls: list[ResultRow] = []
+    summary: Summary
+    verdict: Verdict | None
+    warnings: list[str] = []
+    environment: dict[str, Any] = {}
+
+
+# ---------------------------------------------------------------- service resources
+
+
+class Progress(BaseModel):
+    stage: str = "queued"
+    done: int = 0
+    total: int = 0
+    eta_s: float | None = None
+
+
+class ErrorInfo(BaseModel):
+    code: str
+    message: str
+    details: Any = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorInfo
+
+
+class JobStatus(BaseModel):
+    id: str
+    state: JobState
+    progress: Progress = Progress()
+    created_at: datetime
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    attempts: int = 0
+    error: ErrorInfo | None = None
+    spec: Spec | None = None
+    report_url: str | None = None
+
+
+class JobList(BaseModel):
+    items: list[JobStatus]
+    next_cursor: str | None = None
+
+
+class JobCreated(BaseModel):
+    job_id: str
+    status_url: str
+
+
+class StoredObject(BaseModel):
+    """An uploaded checkpoint or dataset."""
+
+    id: str = Field(description='"sha256:<hex>" of the file')
+    size: int
+    n_tensors: int
+    arch: str | None = None
+    metadata: dict[str, str] = {}
+
+
+class DatasetInfo(BaseModel):
+    id: str
+    builtin: bool
+    size: int | None = None
+    n_train: int | None = None
+    n_test: int | None = None
+    image_shape: list[int] | None = None
+    n_classes: int | None = None
+    description: str = ""

@@ -1,0 +1,51 @@
+"""How the engine finds files: stored ids resolve through callables the caller provides."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stitchsim.models import LocalPath
+from stitchsim_worker.engine.errors import SpecError
+
+ProgressFn = Callable[[str, int, int], None]
+"""progress(stage, done, total): called as long stages advance."""
+
+CancelFn = Callable[[], bool]
+"""should_cancel(): polled between batches; True stops the job with JobCancelled."""
+
+
+def _no_store(kind: str) -> Callable[[str], Path]:
+    def resolve(ref: str) -> Path:
+        raise SpecError(f"{kind} {ref!r} is a stored id, but this run has no store; give a path")
+
+    return resolve
+
+
+@dataclass
+class Resources:
+    cache_dir: Path
+    checkpoint_path: Callable[[str], Path] = field(default_factory=lambda: _no_store("checkpoint"))
+    dataset_path: Callable[[str], Path] = field(default_factory=lambda: _no_store("dataset"))
+    allow_local_paths: bool = True
+    memory_budget_bytes: int = 2 * 1024**3
+
+    def checkpoint(self, ref: str | LocalPath) -> tuple[Path, str]:
+        """Local file and the content id it is reported under."""
+        if isinstance(ref, LocalPath):
+            return self._local(ref, "checkpoint"), ""
+        return self.checkpoint_path(ref), ref
+
+    def dataset(self, ref: str | LocalPath) -> tuple[Path, str]:
+        if isinstance(ref, LocalPath):
+            return self._local(ref, "dataset"), ""
+        return self.dataset_path(ref), ref
+
+    def _local(self, ref: LocalPath, kind: str) -> Path:
+        if not self.allow_local_paths:
+            raise SpecError(f"local {kind} paths are only accepted by `stitchsim-server run`")
+        path = Path(ref.path).expanduser()
+        if not path.is_file():
+            raise SpecError(f"{kind} file {str(path)!r} does not exist")
+        return path
