@@ -1,0 +1,41 @@
+"""Small timm models trained on the built-in sets, saved as users upload them (safetensors
+with arch metadata). Trained once per test session; a few seconds each on two cores."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from stitchsim_worker.engine.zoo import make_checkpoint
+
+# name: (arch, dataset, arch kwargs, seed)
+MODELS = {
+    "digits_resnet": ("test_resnet", "digits_digit_only", {}, 0),
+    "digits_resnet_b": ("test_resnet", "digits_digit_only", {}, 1),
+    "digits_vit": ("test_vit", "digits_digit_only", {"img_size": 32}, 0),
+    "marker_resnet": ("test_resnet", "digits_marker", {}, 0),
+    "colour_resnet": ("test_resnet", "digits_colour_only", {}, 0),
+}
+
+
+@dataclass
+class Checkpoints:
+    root: Path
+    accuracy: dict[str, float]
+
+    def __getattr__(self, name: str) -> Path:
+        if name in MODELS:
+            return self.root / f"{name}.safetensors"
+        raise AttributeError(name)
+
+
+@pytest.fixture(scope="session")
+def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Checkpoints:
+    root = tmp_path_factory.mktemp("ckpts")
+    acc = {}
+    for name, (arch, dataset, kwargs, seed) in MODELS.items():
+        acc[name] = make_checkpoint(
+            root / f"{name}.safetensors", arch, dataset, arch_kwargs=kwargs, seed=seed, epochs=6
+        )
+    return Checkpoints(root, acc)

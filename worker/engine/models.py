@@ -1,0 +1,215 @@
+"""Frozen timm models built from safetensors checkpoints, with their input preprocessing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from stitchsim.models import ModelRef
+from stitchsim_worker.engine.errors import SpecError
+from torch import nn
+
+# Lists in error messages are cut here; a 500-key diff helps nobody.
+_MAX_LISTED = 8
+
+
+@dataclass
+class Preprocess:
+    """Maps [0,1] RGB pixels to what the network expects (resize, then mean/std)."""
+
+    input_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.input_size or x.shape[-2] != self.input_size:
+            x = F.interpolate(
+                x, size=(self.input_size, self.input_size), mode="bilinear", align_corners=False
+            )
+        mean = x.new_tensor(self.mean).view(1, -1, 1, 1)
+        std = x.new_tensor(self.std).view(1, -1, 1, 1)
+        return (x - mean) / std
+
+
+@dataclass
+class LoadedModel:
+    net: nn.Module
+    arch: str
+    arch_kwargs: dict[str, Any]
+    checkpoint: str
+    preprocess: Preprocess
+    num_classes: int
+    num_prefix_tokens: int = 0
+    output_fmt: str = "NCHW"
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.net(self.preprocess(pixels))
+
+
+def read_metadata(path: Path) -> dict[str, str]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except (SafetensorError, OSError, ValueError) as e:
+        raise SpecError(
+            f"{path.name} is not a readable safetensors file ({e}); export it with "
+            "safetensors.torch.save_file",
+            code="invalid_checkpoint",
+        ) from e
+
+
+def _metadata_json(meta: dict[str, str], key: str, where: str) -> Any:
+    if key not in meta:
+        return None
+    try:
+        return json.loads(meta[key])
+    except json.JSONDecodeError as e:
+        raise SpecError(f"{where}: __metadata__[{key!r}] is not valid JSON ({e})") from e
+
+
+def resolve_arch(ref: ModelRef, meta: dict[str, str], where: str) -> tuple[str, dict[str, Any]]:
+    """Architecture and kwargs: the spec wins, else the checkpoint's metadata."""
+    arch = ref.arch or meta.get("arch")
+    if not arch:
+        raise SpecError(
+            f"{where}: no architecture given; set {where}.arch in the spec or store "
+            "'arch' in the checkpoint's __metadata__",
+            code="unknown_arch",
+        )
+    kwargs = ref.arch_kwargs
+    if kwargs is None:
+        kwargs = _metadata_json(meta, "arch_kwargs", where) or {}
+    if not isinstance(kwargs, dict):
+        raise SpecError(f"{where}: arch_kwargs must be a JSON object")
+    check_arch_name(arch, where)
+    return arch, kwargs
+
+
+def check_arch_name(arch: str, where: str) -> None:
+    # Only plain registry names: 'hf-hub:' and 'local-dir:' would download or read paths.
+    if ":" in arch or "/" in arch or not timm.is_model(arch):
+        close = timm.list_models(f"*{arch.split(':')[-1].split('/')[-1][:12]}*")[:_MAX_LISTED]
+        hint = f"; similar names: {', '.join(close)}" if close else ""
+        raise SpecError(f"{where}: {arch!r} is not a timm architecture{hint}", code="unknown_arch")
+
+
+def _create(arch: str, kwargs: dict[str, Any], where: str) -> nn.Module:
+    forbidden = {"pretrained", "pretrained_cfg_overlay", "checkpoint_path", "pretrained_cfg"}
+    if forbidden & kwargs.keys():
+        raise SpecError(f"{where}: arch_kwargs may not set {sorted(forbidden & kwargs.keys())}")
+    try:
+        return timm.create_model(arch, pretrained=False, **kwargs)
+    except (TypeError, ValueError, AssertionError, RuntimeError, KeyError) as e:
+        raise SpecError(
+            f"{where}: timm could not build {arch!r} with arch_kwargs {kwargs}: {e}",
+            code="invalid_arch_kwargs",
+        ) from e
+
+
+def _fit_report(model_sd: dict[str, torch.Tensor], ckpt: dict[str, torch.Tensor]) -> str | None:
+    missing = [k for k in model_sd if k not in ckpt]
+    unexpected = [k for k in ckpt if k not in model_sd]
+    mismatched = [
+        f"{k}: checkpoint {tuple(ckpt[k].shape)} vs model {tuple(v.shape)}"
+        for k, v in model_sd.items()
+        if k in ckpt and tuple(ckpt[k].shape) != tuple(v.shape)
+    ]
+    parts = []
+    for label, items in (("missing", missing), ("unexpected", unexpected), ("shape", mismatched)):
+        if items:
+            more = f" (+{len(items) - _MAX_LISTED} more)" if len(items) > _MAX_LISTED else ""
+            parts.append(f"{label} keys: {', '.join(items[:_MAX_LISTED])}{more}")
+    return "; ".join(parts) or None
+
+
+def _strip_wrapper_prefix(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # DataParallel/DDP checkpoints prefix every key with 'module.'; that is not a mismatch.
+    if sd and all(k.startswith("module.") for k in sd):
+        return {k[len("module.") :]: v for k, v in sd.items()}
+    return sd
+
+
+def _load_tensors(path: Path, where: str) -> dict[str, torch.Tensor]:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no iter
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise SpecError(
+            f"{where}: cannot read tensors from {path.name}: {e}", code="invalid_checkpoint"
+        ) from e
+
+
+def _fixed_input_size(net: nn.Module) -> int | None:
+    patch_embed = getattr(net, "patch_embed", None)
+    size = getattr(patch_embed, "img_size", None)
+    # Position embeddings are sized for img_size, whether or not the patch embed checks it.
+    if size is not None and not getattr(patch_embed, "dynamic_img_size", False):
+        return int(size[0] if isinstance(size, (tuple, list)) else size)
+    cfg = getattr(net, "pretrained_cfg", {}) or {}
+    if cfg.get("fixed_input_size"):
+        return int(cfg["input_size"][-1])
+    return None
+
+
+def _num_classes(net: nn.Module) -> int:
+    n = getattr(net, "num_classes", None)
+    if not n:
+        raise SpecError("the model has no classifier head (num_classes=0); stitching needs logits")
+    return int(n)
+
+
+def _preprocess(
+    ref: ModelRef, meta: dict[str, str], net: nn.Module, native_size: int, where: str
+) -> Preprocess:
+    cfg = timm.data.resolve_data_config({}, model=net)
+    mean = ref.mean or _metadata_json(meta, "mean", where) or cfg["mean"]
+    std = ref.std or _metadata_json(meta, "std", where) or cfg["std"]
+    fixed = _fixed_input_size(net)
+    size = ref.input_size or _metadata_json(meta, "input_size", where) or fixed or native_size
+    if fixed and size != fixed:
+        raise SpecError(f"{where}: {where}.input_size={size} but the model only takes {fixed}px")
+    if len(mean) != 3 or len(std) != 3:
+        raise SpecError(f"{where}: mean and std need 3 values (RGB)")
+    return Preprocess(int(size), tuple(float(m) for m in mean), tuple(float(s) for s in std))
+
+
+def build_model(
+    ref: ModelRef, path: Path, checkpoint_id: str, *, where: str, native_size: int
+) -> LoadedModel:
+    """Create the timm model, load the checkpoint strictly, freeze it in eval mode."""
+    meta = read_metadata(path)
+    arch, kwargs = resolve_arch(ref, meta, where)
+    net = _create(arch, kwargs, where)
+    sd = _strip_wrapper_prefix(_load_tensors(path, where))
+    problem = _fit_report(net.state_dict(), sd)
+    if problem:
+        raise SpecError(
+            f"{where}: checkpoint does not fit {arch} {kwargs}: {problem}", code="weights_mismatch"
+        )
+    net.load_state_dict(sd, strict=True)
+    net.eval().requires_grad_(False)
+    return LoadedModel(
+        net=net,
+        arch=arch,
+        arch_kwargs=kwargs,
+        checkpoint=checkpoint_id or path.name,
+        preprocess=_preprocess(ref, meta, net, native_size, where),
+        num_classes=_num_classes(net),
+        num_prefix_tokens=int(getattr(net, "num_prefix_tokens", 0) or 0),
+        output_fmt=str(getattr(net, "output_fmt", "NCHW")),
+    )
+
+
+def save_checkpoint(net: nn.Module, path: Path, arch: str, arch_kwargs: dict[str, Any]) -> None:
+    """Write a checkpoint the way a user would: safetensors with arch metadata."""
+    from safetensors.torch import save_file
+
+    sd = {k: v.detach().contiguous().clone() for k, v in net.state_dict().items()}
+    save_file(sd, str(path), metadata={"arch": arch, "arch_kwargs": json.dumps(arch_kwargs)})

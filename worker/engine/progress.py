@@ -1,0 +1,51 @@
+"""Job progress in work units (one unit ~ one batch through a network part)."""
+
+from __future__ import annotations
+
+import time
+
+from stitchsim_worker.engine.resources import CancelFn, ProgressFn
+
+_MIN_INTERVAL_S = 0.5
+
+
+class Tracker:
+    def __init__(self, fn: ProgressFn | None, should_cancel: CancelFn | None):
+        self._fn = fn
+        self.should_cancel: CancelFn = should_cancel or (lambda: False)
+        self.stage = "starting"
+        self.done = 0
+        self.total = 0
+        self._last = 0.0
+        self.timings: dict[str, float] = {}
+        self._stage_started = time.perf_counter()
+
+    def plan(self, units: int) -> None:
+        self.total += units
+        self._emit(force=True)
+
+    def enter(self, stage: str) -> None:
+        self._close_stage()
+        self.stage = stage
+        self._emit(force=True)
+
+    def step(self, units: int = 1) -> None:
+        self.done = min(self.total, self.done + units)
+        self._emit()
+
+    def finish(self) -> None:
+        self._close_stage()
+        self.stage, self.done = "done", self.total
+        self._emit(force=True)
+
+    def _close_stage(self) -> None:
+        now = time.perf_counter()
+        kind = self.stage.split(" ")[0]
+        self.timings[kind] = self.timings.get(kind, 0.0) + now - self._stage_started
+        self._stage_started = now
+
+    def _emit(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self._fn is not None and (force or now - self._last >= _MIN_INTERVAL_S):
+            self._last = now
+            self._fn(self.stage, self.done, self.total)

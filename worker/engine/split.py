@@ -1,0 +1,257 @@
+"""Cutting a frozen model at a named module output: front part, back part, feature probe.
+
+The graph path (torch.fx) runs only what is needed: the front part stops at the stitch point
+and the back part starts from the stitch tensor. Where a model does not trace, or the cut is
+not a separator of the graph (a later layer also reads an earlier tensor), the hook path runs
+the full network and swaps the stitch tensor in with a forward hook.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.fx as fx
+from timm.models._features_fx import get_notrace_functions, get_notrace_modules
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+
+class _PointTracer(fx.Tracer):
+    """Records, for every module call, the graph node that holds its output."""
+
+    def __init__(self) -> None:
+        super().__init__(autowrap_functions=tuple(get_notrace_functions()))
+        self._leaf_types = tuple(get_notrace_modules())
+        self.module_outputs: dict[str, fx.Node] = {}
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        return isinstance(m, self._leaf_types) or super().is_leaf_module(m, module_qualified_name)
+
+    def call_module(self, m, forward, args, kwargs):  # type: ignore[no-untyped-def]
+        out = super().call_module(m, forward, args, kwargs)
+        if isinstance(out, fx.Proxy):
+            self.module_outputs[self.path_of_module(m)] = out.node
+        return out
+
+
+class _Stop(Exception):
+    def __init__(self, value: torch.Tensor):
+        self.value = value
+
+
+@dataclass
+class BackPart:
+    """g_{>j}: stitch tensor (and, on the hook path, the input image) -> logits, later features."""
+
+    run: Callable[[torch.Tensor, torch.Tensor | None], tuple[torch.Tensor, list[torch.Tensor]]]
+    needs_input: bool
+
+    def __call__(
+        self, z: torch.Tensor, pixels: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        return self.run(z, pixels)
+
+
+class ModelSplitter:
+    """Builds front parts, back parts and probes of one frozen network."""
+
+    def __init__(self, net: nn.Module):
+        self.net = net
+        self._graph: fx.Graph | None = None
+        self._outputs: dict[str, fx.Node] = {}
+        try:
+            tracer = _PointTracer()
+            self._graph = tracer.trace(net)
+            self._outputs = tracer.module_outputs
+        except Exception as e:  # noqa: BLE001 - any tracing failure means: use hooks
+            log.info("fx tracing of %s failed (%s); using the hook path", type(net).__name__, e)
+
+    @property
+    def traced(self) -> bool:
+        return self._graph is not None
+
+    # ------------------------------------------------------------------ graph path
+
+    def _copy(self) -> tuple[fx.Graph, dict[fx.Node, fx.Node], fx.Node]:
+        assert self._graph is not None
+        graph = fx.Graph()
+        val_map: dict[fx.Node, fx.Node] = {}
+        logits = graph.graph_copy(self._graph, val_map)
+        return graph, val_map, logits  # type: ignore[return-value]
+
+    def _module(self, graph: fx.Graph) -> fx.GraphModule:
+        module = fx.GraphModule(self.net, graph)
+        module.graph.eliminate_dead_code()
+        for node in list(module.graph.nodes):
+            if node.op == "placeholder" and not node.users:
+                module.graph.erase_node(node)
+        module.graph.lint()
+        module.recompile()
+        return module
+
+    @staticmethod
+    def _cloned(graph: fx.Graph, node: fx.Node) -> fx.Node:
+        # Later in-place ops (ReLU(inplace=True), x += shortcut) would rewrite a captured
+        # tensor, so the copy is taken right where it is made.
+        with graph.inserting_after(node):
+            return graph.call_method("clone", (node,))
+
+    def _graph_probe(
+        self, points: Sequence[str], with_logits: bool = True
+    ) -> fx.GraphModule | None:
+        if self._graph is None or any(p not in self._outputs for p in points):
+            return None
+        graph, val_map, logits = self._copy()
+        feats = [self._cloned(graph, val_map[self._outputs[p]]) for p in points]
+        graph.output((logits, *feats) if with_logits else tuple(feats))
+        return self._module(graph)
+
+    def _graph_back(self, point: str, outputs: Sequence[str]) -> fx.GraphModule | None:
+        if self._graph is None or point not in self._outputs:
+            return None
+        if any(p not in self._outputs for p in outputs):
+            return None
+        graph, val_map, logits = self._copy()
+        cut = val_map[self._outputs[point]]
+        first = next(iter(graph.nodes))
+        with graph.inserting_before(first):
+            z = graph.placeholder("stitch_input")
+        with graph.inserting_after(z):
+            z_own = graph.call_method("clone", (z,))
+        cut.replace_all_uses_with(z_own)
+        later = [self._cloned(graph, val_map[self._outputs[p]]) for p in outputs]
+        graph.output((logits, *later))
+        network_input = next(n for n in graph.nodes if n.op == "placeholder" and n is not z)
+        _drop_input_asserts(graph, network_input)
+        module = self._module(graph)
+        inputs = [n.name for n in module.graph.nodes if n.op == "placeholder"]
+        if network_input.name in inputs:
+            log.info("cut at %s is not a separator; using the hook path", point)
+            return None
+        return module
+
+    # ------------------------------------------------------------------ public parts
+
+    def front(self, point: str) -> Callable[[torch.Tensor], torch.Tensor]:
+        """f_{<=i}: network input -> stitch tensor, computing nothing past the point."""
+        probe = self._graph_probe([point], with_logits=False)
+        if probe is not None:
+            return lambda x: probe(x)[0]
+        module = self.net.get_submodule(point)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            def stop(_m: nn.Module, _i: object, out: torch.Tensor) -> None:
+                raise _Stop(out.clone())
+
+            handle = module.register_forward_hook(stop)
+            try:
+                self.net(x)
+            except _Stop as s:
+                return s.value
+            finally:
+                handle.remove()
+            raise RuntimeError(f"stitch point {point} was never reached")
+
+        return run
+
+    def probe(self, points: Sequence[str]) -> Callable[[torch.Tensor], tuple]:
+        """Full forward returning (logits, *features at points)."""
+        graph_probe = self._graph_probe(points)
+        if graph_probe is not None:
+            return graph_probe
+
+        def run(x: torch.Tensor) -> tuple:
+            feats: dict[str, torch.Tensor] = {}
+            handles = [
+                self.net.get_submodule(p).register_forward_hook(_capture(feats, p)) for p in points
+            ]
+            try:
+                logits = self.net(x)
+            finally:
+                for h in handles:
+                    h.remove()
+            return (logits, *[feats[p] for p in points])
+
+        return run
+
+    def back(self, point: str, outputs: Sequence[str] = ()) -> BackPart:
+        """g_{>j}, returning logits and the features at `outputs` (points after j)."""
+        module = self._graph_back(point, outputs)
+        if module is not None:
+
+            def graph_run(z: torch.Tensor, _x: torch.Tensor | None) -> tuple:
+                logits, *feats = module(z)
+                return logits, feats
+
+            return BackPart(graph_run, needs_input=False)
+
+        target = self.net.get_submodule(point)
+
+        def hook_run(z: torch.Tensor, x: torch.Tensor | None) -> tuple:
+            if x is None:
+                raise RuntimeError("the hook path needs the network input")
+            feats: dict[str, torch.Tensor] = {}
+            handles = [target.register_forward_hook(lambda _m, _i, _o: z)]
+            handles += [
+                self.net.get_submodule(p).register_forward_hook(_capture(feats, p, clone=False))
+                for p in outputs
+            ]
+            try:
+                logits = self.net(x)
+            finally:
+                for h in handles:
+                    h.remove()
+            return logits, [feats[p] for p in outputs]
+
+        return BackPart(hook_run, needs_input=True)
+
+
+def _drop_input_asserts(graph: fx.Graph, network_input: fx.Node) -> None:
+    """Erase shape assertions on the network input: the back part never sees that input."""
+    downstream: set[fx.Node] = set()
+    frontier = [network_input]
+    while frontier:
+        node = frontier.pop()
+        for user in node.users:
+            if user not in downstream:
+                downstream.add(user)
+                frontier.append(user)
+    for node in reversed(list(graph.nodes)):
+        name = getattr(node.target, "__name__", "")
+        if node in downstream and node.op == "call_function" and name == "_assert":
+            graph.erase_node(node)
+
+
+def _capture(store: dict[str, torch.Tensor], name: str, clone: bool = True) -> Callable:
+    def hook(_m: nn.Module, _i: object, out: torch.Tensor) -> None:
+        store[name] = out.clone() if clone else out
+
+    return hook
+
+
+def module_order(net: nn.Module, x: torch.Tensor) -> tuple[list[str], dict[str, tuple[int, ...]]]:
+    """Names of modules with a tensor output, in the order their outputs complete, and shapes."""
+    order: list[str] = []
+    shapes: dict[str, tuple[int, ...]] = {}
+    handles = []
+    for name, module in net.named_modules():
+        if not name:
+            continue
+
+        def hook(_m: nn.Module, _i: object, out: object, name: str = name) -> None:
+            if isinstance(out, torch.Tensor) and name not in shapes:
+                order.append(name)
+                shapes[name] = tuple(out.shape[1:])
+
+        handles.append(module.register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            net(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return order, shapes

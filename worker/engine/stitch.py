@@ -1,0 +1,166 @@
+"""The stitch layer T and its closed-form least-squares fit.
+
+Every representation is viewed in one canonical form: optional prefix tokens (B, P, C) plus a
+grid (B, C, h, w). Feature maps are grids, token sequences are prefix tokens plus patch tokens
+reshaped to their grid, vectors are 1x1 grids. T resizes the source grid to the target grid
+(bilinear), then applies one channel-wise affine map everywhere: a 1x1 convolution for maps,
+a token-wise linear layer for tokens, a linear layer for vectors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Rep:
+    """Shape of a representation at a stitch point (per sample, batch dimension excluded)."""
+
+    kind: str  # "map" | "tokens" | "vector"
+    channels: int
+    grid: tuple[int, int]
+    prefix: int = 0
+    channels_last: bool = False  # NHWC maps (e.g. Swin stages)
+
+    def describe(self) -> str:
+        h, w = self.grid
+        if self.kind == "map":
+            return f"map {self.channels}x{h}x{w}" + (" (NHWC)" if self.channels_last else "")
+        if self.kind == "tokens":
+            return f"tokens {self.prefix}+{h * w}x{self.channels}"
+        return f"vector {self.channels}"
+
+
+def rep_of(shape: tuple[int, ...], *, prefix_tokens: int, output_fmt: str) -> Rep:
+    if len(shape) == 3:
+        if output_fmt == "NHWC":
+            return Rep("map", shape[2], (shape[0], shape[1]), channels_last=True)
+        return Rep("map", shape[0], (shape[1], shape[2]))
+    if len(shape) == 2:
+        n, c = shape
+        prefix = prefix_tokens if n > prefix_tokens else 0
+        return Rep("tokens", c, _token_grid(n - prefix), prefix)
+    if len(shape) == 1:
+        return Rep("vector", shape[0], (1, 1))
+    raise ValueError(f"cannot stitch a tensor of per-sample shape {shape}")
+
+
+def _token_grid(n: int) -> tuple[int, int]:
+    side = math.isqrt(n)
+    return (side, side) if side * side == n else (1, n)
+
+
+def to_canonical(x: torch.Tensor, rep: Rep) -> tuple[torch.Tensor | None, torch.Tensor]:
+    if rep.kind == "map":
+        return None, (x.permute(0, 3, 1, 2) if rep.channels_last else x)
+    if rep.kind == "vector":
+        return None, x[:, :, None, None]
+    prefix = x[:, : rep.prefix] if rep.prefix else None
+    h, w = rep.grid
+    grid = x[:, rep.prefix :].transpose(1, 2).reshape(x.shape[0], rep.channels, h, w)
+    return prefix, grid
+
+
+def from_canonical(prefix: torch.Tensor | None, grid: torch.Tensor, rep: Rep) -> torch.Tensor:
+    if rep.kind == "map":
+        return grid.permute(0, 2, 3, 1) if rep.channels_last else grid
+    if rep.kind == "vector":
+        return grid[:, :, 0, 0]
+    tokens = grid.flatten(2).transpose(1, 2)
+    return torch.cat([prefix, tokens], dim=1) if prefix is not None else tokens
+
+
+class StitchLayer(nn.Module):
+    """T: source representation -> target representation (resize, then channel-wise affine)."""
+
+    def __init__(self, src: Rep, dst: Rep):
+        super().__init__()
+        self.src, self.dst = src, dst
+        self.weight = nn.Parameter(torch.zeros(dst.channels, src.channels))
+        self.bias = nn.Parameter(torch.zeros(dst.channels))
+
+    def describe(self) -> str:
+        steps = []
+        if self.src.kind == "tokens" and self.src.prefix and not self.dst.prefix:
+            steps.append(f"{self.src.prefix} prefix token(s) dropped")
+        if self.src.kind == "tokens" and self.dst.kind != "tokens":
+            steps.append(f"patch tokens reshaped to a {self.src.grid[0]}x{self.src.grid[1]} grid")
+        if self.dst.prefix and self.src.prefix != self.dst.prefix:
+            steps.append("target prefix token(s) from the mean of the source grid")
+        if self.src.grid != self.dst.grid:
+            mode = "average-pooled" if self.dst.kind == "vector" else "bilinearly resized"
+            steps.append(f"grid {mode} to {self.dst.grid[0]}x{self.dst.grid[1]}")
+        op = {"map": "1x1 conv", "tokens": "token-wise linear", "vector": "linear"}[self.dst.kind]
+        steps.append(f"{op} {self.src.channels}->{self.dst.channels} with bias")
+        return f"{self.src.describe()} -> {self.dst.describe()}: " + "; ".join(steps)
+
+    def features(self, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """Source tensor resized to the target layout, before the affine map."""
+        prefix, grid = to_canonical(x, self.src)
+        if self.dst.prefix:
+            if prefix is None or prefix.shape[1] != self.dst.prefix:
+                pooled = grid.mean(dim=(2, 3))[:, None, :]
+                prefix = pooled.expand(-1, self.dst.prefix, -1)
+        else:
+            prefix = None
+        if grid.shape[-2:] != self.dst.grid:
+            if self.dst.kind == "vector":
+                grid = grid.mean(dim=(2, 3), keepdim=True)
+            else:
+                grid = F.interpolate(grid, size=self.dst.grid, mode="bilinear", align_corners=False)
+        return prefix, grid
+
+    def _affine_grid(self, grid: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(grid, self.weight[:, :, None, None], self.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        prefix, grid = self.features(x)
+        out_prefix = F.linear(prefix, self.weight, self.bias) if prefix is not None else None
+        return from_canonical(out_prefix, self._affine_grid(grid), self.dst)
+
+
+def positions(prefix: torch.Tensor | None, grid: torch.Tensor) -> torch.Tensor:
+    """All positions as rows (n_positions, C): each spatial position or token is a sample."""
+    rows = grid.permute(0, 2, 3, 1).reshape(-1, grid.shape[1])
+    return torch.cat([prefix.reshape(-1, prefix.shape[-1]), rows]) if prefix is not None else rows
+
+
+class LeastSquares:
+    """Accumulates the normal equations in float64, batch by batch (memory stays bounded)."""
+
+    def __init__(self, stitch: StitchLayer):
+        self.stitch = stitch
+        n_in = stitch.src.channels + 1
+        self.xtx = torch.zeros(n_in, n_in, dtype=torch.float64)
+        self.xty = torch.zeros(n_in, stitch.dst.channels, dtype=torch.float64)
+
+    @torch.no_grad()
+    def add(self, source: torch.Tensor, target: torch.Tensor) -> None:
+        x = positions(*self.stitch.features(source)).double().cpu()
+        y = positions(*to_canonical(target, self.stitch.dst)).double().cpu()
+        x = torch.cat([x, torch.ones(len(x), 1, dtype=torch.float64)], dim=1)
+        self.xtx += x.T @ x
+        self.xty += x.T @ y
+
+    @torch.no_grad()
+    def solve(self) -> None:
+        """Pseudo-inverse solution with a bias column, written into the stitch layer."""
+        solution = torch.linalg.pinv(self.xtx, hermitian=True) @ self.xty
+        weight, bias = solution[:-1].T, solution[-1]
+        self.stitch.weight.copy_(weight.to(self.stitch.weight))
+        self.stitch.bias.copy_(bias.to(self.stitch.bias))
+
+
+def fit_least_squares(
+    stitch: StitchLayer, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]
+) -> None:
+    ls = LeastSquares(stitch)
+    for source, target in pairs:
+        ls.add(source, target)
+    ls.solve()

@@ -1,0 +1,135 @@
+"""In-process commands of `stitchsim-server`: `run` (one job, no HTTP), `points` (a model's
+stitch points) and `demo-models` (small reference checkpoints trained on built-in data)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+from stitchsim.models import Spec
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def add_run_parser(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser("run", help="run one comparison in-process and write its report")
+    run.add_argument("spec", type=Path, help="spec JSON; relative paths are read from its folder")
+    run.add_argument("--out", type=Path, help="write the JSON report here (else to stdout)")
+    run.add_argument("--cache-dir", type=Path, default=Path(".stitchsim/cache"), help="IRI cache")
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=run_command)
+
+    points = sub.add_parser("points", help="list a timm architecture's stitch points")
+    points.add_argument("arch")
+    points.add_argument(
+        "--kwargs", default="{}", help='create_model kwargs as JSON, e.g. {"img_size": 32}'
+    )
+    points.add_argument("--all", action="store_true", help="every module output, not just stages")
+    points.set_defaults(func=points_command)
+
+    demo = sub.add_parser("demo-models", help="train small demo checkpoints on built-in data")
+    demo.add_argument("out", type=Path, help="folder for the .safetensors files")
+    demo.set_defaults(func=demo_models_command)
+
+
+def _resolve_paths(raw: Any, base: Path) -> Any:
+    """{"path": "x"} relative to the spec file, so a spec travels with its checkpoints."""
+    if isinstance(raw, dict):
+        if set(raw) == {"path"} and isinstance(raw["path"], str):
+            return {"path": str((base / Path(raw["path"]).expanduser()).resolve())}
+        return {k: _resolve_paths(v, base) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [_resolve_paths(v, base) for v in raw]
+    return raw
+
+
+def load_spec(path: Path) -> Spec:
+    raw = json.loads(path.read_text())
+    return Spec.model_validate(_resolve_paths(raw, path.parent))
+
+
+class _Bar:
+    """A tqdm bar over the job's work units, relabelled with each stage."""
+
+    def __init__(self, enabled: bool):
+        from tqdm import tqdm
+
+        self._bar = tqdm(total=0, unit="batch", disable=not enabled, dynamic_ncols=True)
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        if self._bar.total != total:
+            self._bar.total = total
+        self._bar.set_description(stage[:48], refresh=False)
+        self._bar.update(done - self._bar.n)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from stitchsim.table import format_table
+    from stitchsim_worker.engine import Resources, SpecError, run_job
+
+    try:
+        spec = load_spec(args.spec)
+    except (OSError, json.JSONDecodeError) as e:
+        print(f"error: cannot read spec {args.spec}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValidationError as e:
+        print(f"error: invalid spec {args.spec}:\n{e}", file=sys.stderr)
+        return EXIT_USAGE
+    args.cache_dir.mkdir(parents=True, exist_ok=True)
+    bar = _Bar(enabled=not args.quiet)
+    try:
+        report = run_job(spec, resources=Resources(cache_dir=args.cache_dir), progress=bar)
+    except SpecError as e:
+        bar.close()
+        print(f"error: {e.message}", file=sys.stderr)
+        return EXIT_USAGE
+    bar.close()
+    text = report.model_dump_json(indent=2)
+    if args.out:
+        args.out.write_text(text)
+        print(format_table(report))
+    else:
+        print(format_table(report), file=sys.stderr)
+        print(text)
+    return EXIT_OK
+
+
+def points_command(args: argparse.Namespace) -> int:
+    from stitchsim_worker.engine import SpecError, list_stitch_points
+
+    try:
+        points = list_stitch_points(args.arch, json.loads(args.kwargs))
+    except (SpecError, json.JSONDecodeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print("\n".join(points["all"] if args.all else points["stages"]))
+    print(f"# auto: {', '.join(points['auto'])}", file=sys.stderr)
+    return EXIT_OK
+
+
+DEMO_MODELS = {
+    "reference.safetensors": ("test_resnet", "digits_digit_only", 0),
+    "retrained.safetensors": ("test_resnet", "digits_digit_only", 1),
+    "shortcut.safetensors": ("test_resnet", "digits_marker", 0),
+}
+
+
+def demo_models_command(args: argparse.Namespace) -> int:
+    from stitchsim_worker.engine.zoo import make_checkpoint
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, (arch, dataset, seed) in DEMO_MODELS.items():
+        path = args.out / name
+        if path.exists():
+            print(f"{path}: exists")
+            continue
+        acc = make_checkpoint(path, arch, dataset, seed=seed, epochs=12)
+        print(f"{path}: {arch} trained on {dataset}, test accuracy {acc:.3f}")
+    return EXIT_OK
