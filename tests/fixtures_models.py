@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 from stitchsim_worker.engine.zoo import make_checkpoint
 
-# name: (arch, dataset, arch kwargs, seed)
+# name: (arch, dataset, arch kwargs, seed, training settings)
+CNN = {"epochs": 10, "lr": 0.01}
+VIT = {"epochs": 15, "lr": 0.002, "batch_size": 32}
 MODELS = {
-    "digits_resnet": ("test_resnet", "digits_digit_only", {}, 0),
-    "digits_resnet_b": ("test_resnet", "digits_digit_only", {}, 1),
-    "digits_vit": ("test_vit", "digits_digit_only", {"img_size": 32}, 0),
-    "marker_resnet": ("test_resnet", "digits_marker", {}, 0),
-    "colour_resnet": ("test_resnet", "digits_colour_only", {}, 0),
+    "digits_resnet": ("test_resnet", "digits_digit_only", {}, 0, CNN),
+    "digits_resnet_b": ("test_resnet", "digits_digit_only", {}, 1, CNN),
+    "digits_vit": ("test_vit", "digits_digit_only", {"img_size": 32}, 0, VIT),
+    "marker_resnet": ("test_resnet", "digits_marker", {}, 0, CNN),
+    "colour_resnet": ("test_resnet", "digits_colour_only", {}, 0, CNN),
 }
 
 
@@ -34,8 +36,7 @@ class Checkpoints:
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Checkpoints:
     root = tmp_path_factory.mktemp("ckpts")
     acc = {}
-    for name, (arch, dataset, kwargs, seed) in MODELS.items():
-        acc[name] = make_checkpoint(
-            root / f"{name}.safetensors", arch, dataset, arch_kwargs=kwargs, seed=seed, epochs=6
-        )
+    for name, (arch, dataset, kwargs, seed, training) in MODELS.items():
+        path = root / f"{name}.safetensors"
+        acc[name] = make_checkpoint(path, arch, dataset, arch_kwargs=kwargs, seed=seed, **training)
     return Checkpoints(root, acc)

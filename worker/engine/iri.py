@@ -108,9 +108,10 @@ class IRICache:
         np.save(tmp / "final.npy", final)
         files = {name: _sha256(tmp / name) for name in ("images.npy", "start.npy", "final.npy")}
         (tmp / "meta.json").write_text(json.dumps({**meta, "files": files}))
-        if entry.exists():  # a concurrent job finished the same entry first
+        if (entry / "meta.json").exists():  # a concurrent job finished the same entry first
             shutil.rmtree(tmp, ignore_errors=True)
             return
+        shutil.rmtree(entry, ignore_errors=True)  # a partial entry left by a dead writer
         os.replace(tmp, entry)
 
 
@@ -203,7 +204,7 @@ def get_iris(
         images, start, final, _ = hit
         bank = banks.new(len(images), tuple(images.shape[1:]))
         for s in range(0, len(images), 1024):
-            bank.write(s, torch.from_numpy(np.ascontiguousarray(images[s : s + 1024])))
+            bank.write(s, torch.from_numpy(np.array(images[s : s + 1024])))
         return IRIResult(bank, iri_stats(start, final, settings, True, time.perf_counter() - t0))
     bank, start, final = synthesize(front, pixels, settings, banks, device, on_batch)
     seconds = time.perf_counter() - t0

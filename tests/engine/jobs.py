@@ -1,0 +1,32 @@
+"""Running small jobs in-process for the engine tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from stitchsim.models import Report, ResultRow, Spec
+from stitchsim_worker.engine import Resources, run_job
+
+FAST = {"epochs": 5, "max_train_samples": 400, "max_test_samples": 300}
+FAST_IRI = {"steps": 50, "step_size": 4 / 255}
+
+
+def spec(front: Path, back: Path, **fields: Any) -> Spec:
+    body = {"front": {"checkpoint": {"path": str(front)}}, "back": {"checkpoint": {"path": str(back)}}}
+    body.setdefault("directions", "front_to_back")
+    return Spec.model_validate({**body, "directions": "front_to_back", **fields})
+
+
+def run(s: Spec, cache: Path, **resources: Any) -> Report:
+    return run_job(s, resources=Resources(cache_dir=cache, **resources))
+
+
+def rows(report: Report, **match: Any) -> list[ResultRow]:
+    found = [r for r in report.results + report.controls if all(getattr(r, k) == v for k, v in match.items())]
+    assert found, f"no rows match {match}"
+    return found
+
+
+def layers(*names: str) -> list[dict[str, str]]:
+    return [{"front": n, "back": n} for n in names]

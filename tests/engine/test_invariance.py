@@ -1,0 +1,100 @@
+"""The invariance-aware protocol: IRIs, their cache, and the shortcut finding (issue 3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from tests.engine.jobs import FAST, FAST_IRI, layers, rows, run, spec
+
+BOTH = ["standard", "invariance_aware"]
+
+
+def test_shortcut_front_loses_agreement_under_the_invariance_aware_protocol(ckpts, tmp_path: Path) -> None:
+    # The marker model solves the task from a corner marker; the clean model reads digits.
+    # Standard stitching hides that; IRIs of the marker model keep the marker and nothing else.
+    s = spec(ckpts.marker_resnet, ckpts.digits_resnet, dataset="digits_marker", objectives=["slm"],
+             protocols=BOTH, layers=layers("layer3", "layer4"), train=FAST, iri=FAST_IRI)
+    report = run(s, tmp_path)
+    for layer in ("layer3", "layer4"):
+        standard = rows(report, front_layer=layer, protocol="standard")[0]
+        aware = rows(report, front_layer=layer, protocol="invariance_aware")[0]
+        assert standard.agreement >= 0.8
+        assert standard.agreement - aware.agreement >= 0.3, layer
+    assert report.summary.similarity_protocol == "invariance_aware"
+    assert report.summary.similarity == report.summary.by_protocol["invariance_aware"]
+
+
+def test_identical_models_keep_high_invariance_aware_agreement(ckpts, tmp_path: Path) -> None:
+    s = spec(ckpts.digits_resnet, ckpts.digits_resnet, objectives=["slm", "dm"], protocols=["invariance_aware"],
+             layers=layers("layer2", "layer4"), train=FAST, iri=FAST_IRI)
+    for r in run(s, tmp_path).results:
+        assert r.agreement >= 0.9, (r.objective, r.front_layer, r.agreement)
+
+
+def test_iris_converge_and_are_reused_from_the_cache(ckpts, tmp_path: Path) -> None:
+    s = spec(ckpts.digits_resnet, ckpts.digits_resnet_b, objectives=["dm"], protocols=["invariance_aware"],
+             layers=layers("layer3"), train=FAST, iri=FAST_IRI)
+    first = run(s, tmp_path)
+    stats = first.results[0].iri
+    assert stats is not None and not stats.cache_hit
+    assert stats.n == 400
+    assert stats.median < 0.4 * stats.start_median
+    assert stats.median <= stats.p90 <= stats.max
+
+    second = run(s, tmp_path)
+    again = second.results[0].iri
+    assert again is not None and again.cache_hit
+    assert again.seconds < stats.seconds / 3
+    assert second.results[0].agreement == first.results[0].agreement
+
+    # Other IRI settings are other IRIs: no false hit.
+    third = run(s.model_copy(update={"iri": s.iri.model_copy(update={"seed": 1})}), tmp_path)
+    assert not third.results[0].iri.cache_hit
+
+
+def test_corrupt_and_partial_cache_entries_are_rebuilt(ckpts, tmp_path: Path) -> None:
+    s = spec(ckpts.digits_resnet, ckpts.digits_resnet_b, objectives=["dm"], protocols=["invariance_aware"],
+             layers=layers("layer4"), train=FAST, iri={"steps": 10})
+    clean = run(s, tmp_path).results[0]
+    (entry,) = [p.parent for p in (tmp_path / "iri").rglob("meta.json")]
+    images = np.load(entry / "images.npy", mmap_mode="r+")
+    images[0, 0, 0, 0] += 0.5  # a flipped value: the recorded hash no longer matches
+    images.flush()
+    del images
+    rebuilt = run(s, tmp_path).results[0]
+    assert not rebuilt.iri.cache_hit
+    assert rebuilt.agreement == clean.agreement
+
+    (entry / "meta.json").unlink()  # as if the writer died before finishing
+    partial = run(s, tmp_path).results[0]
+    assert not partial.iri.cache_hit
+    assert run(s, tmp_path).results[0].iri.cache_hit
+
+
+def test_unconverged_iris_are_flagged(ckpts, tmp_path: Path) -> None:
+    s = spec(ckpts.digits_resnet, ckpts.digits_resnet, objectives=["dm"], protocols=["invariance_aware"],
+             layers=layers("layer1"), train=FAST, iri={"steps": 2})
+    report = run(s, tmp_path)
+    assert not report.results[0].iri.converged
+    assert any("did not converge" in w and "layer1" in w for w in report.warnings)
+
+
+def test_both_directions_and_the_shortcut_control(ckpts, tmp_path: Path) -> None:
+    s = spec(ckpts.marker_resnet, ckpts.digits_resnet, objectives=["slm"], protocols=BOTH,
+             layers=layers("layer4"), train=FAST, iri=FAST_IRI, controls=["shortcut", "identity"])
+    s = s.model_copy(update={"directions": "both"})
+    report = run(s, tmp_path)
+    assert {r.direction for r in report.results} == {"front_to_back", "back_to_front"}
+    assert {(r.direction, r.protocol) for r in report.summary.rows} == {
+        (d, p) for d in ("front_to_back", "back_to_front") for p in BOTH
+    }
+    shortcut = rows(report, control="shortcut", direction="front_to_back", protocol="standard")[0]
+    # The marker model's features carry the marker, so the stitch can follow it: rolled
+    # markers then move the stitched output away from the back model's.
+    assert shortcut.excessive_agreement > 0.3
+    assert shortcut.rolled_agreement == shortcut.agreement - shortcut.excessive_agreement
+    assert len(rows(report, control="shortcut")) == 4  # per direction and protocol
+    for r in rows(report, control="identity", protocol="standard"):
+        assert r.agreement >= 0.97
