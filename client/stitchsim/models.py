@@ -104,7 +104,7 @@ class IRISettings(_Strict):
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     batch_size: int = Field(default=256, ge=1, le=8192)
     converged_below: float = Field(
-        default=0.25, gt=0, description="median relative distance under which IRIs count as converged"
+        default=0.25, gt=0, description="median final relative distance that counts as converged"
     )
 
 
@@ -215,6 +215,10 @@ class SummaryRow(BaseModel):
 
 class Summary(BaseModel):
     rows: list[SummaryRow]
+    by_direction: dict[str, dict[str, float]] = Field(
+        default={},
+        description="protocol -> direction -> mean agreement over stitch points and objectives",
+    )
     by_protocol: dict[str, float] = Field(
         description="per protocol: minimum over directions of the mean agreement"
     )

@@ -531,15 +531,16 @@ def summarise(spec: Spec, rows: list[ResultRow]) -> Summary:
         SummaryRow(protocol=p, direction=d, objective=o, mean_agreement=float(np.mean(v)))
         for (p, d, o), v in groups.items()
     ]
-    by_protocol = {}
-    for protocol in spec.protocols:
-        per_direction = [
-            float(
+    by_direction = {
+        protocol: {
+            d: float(
                 np.mean([r.agreement for r in rows if r.protocol == protocol and r.direction == d])
             )
             for d in spec.direction_list()
-        ]
-        by_protocol[protocol] = min(per_direction)
+        }
+        for protocol in spec.protocols
+    }
+    by_protocol = {protocol: min(means.values()) for protocol, means in by_direction.items()}
     used: Protocol = "invariance_aware" if "invariance_aware" in by_protocol else "standard"
     similarity = by_protocol[used]
     verdict = None
@@ -547,6 +548,7 @@ def summarise(spec: Spec, rows: list[ResultRow]) -> Summary:
         verdict = "similar" if similarity >= spec.threshold else "dissimilar"
     return Summary(
         rows=summary_rows,
+        by_direction=by_direction,
         by_protocol=by_protocol,
         similarity=similarity,
         similarity_protocol=used,

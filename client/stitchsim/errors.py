@@ -1,0 +1,216 @@
+"""Exceptions the client raises on purpose.
+
+Every error the service answers with (`{"error": {"code", "message", "details"}}`) becomes an
+`APIError` subclass chosen by HTTP status, so callers can catch what they can act on (fix the
+spec, retry later, check the key) without parsing messages.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+if TYPE_CHECKING:
+    from stitchsim.models import ErrorInfo, JobStatus
+
+
+class StitchsimError(Exception):
+    """Base of every error raised by the stitchsim client."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# ---------------------------------------------------------------- local
+
+
+class UsageError(StitchsimError, ValueError):
+    """Something on this side is wrong: a flag, the config, a file that is not there."""
+
+
+class InvalidSpec(UsageError):
+    """The spec fails the contract's validation before anything is sent."""
+
+    def __init__(self, message: str, errors: list[dict[str, Any]] | None = None):
+        super().__init__(message)
+        self.errors = errors or []
+
+
+class InvalidFile(UsageError):
+    """A file to upload is not a safetensors file the service would accept."""
+
+    def __init__(self, message: str, code: str = "invalid_safetensors"):
+        super().__init__(message)
+        self.code = code
+
+
+# ---------------------------------------------------------------- transport and HTTP
+
+
+class ConnectionFailed(StitchsimError):
+    """The service could not be reached (after retries)."""
+
+    def __init__(self, message: str, url: str):
+        super().__init__(message)
+        self.url = url
+
+
+class APIError(StitchsimError):
+    """The service answered with an error status."""
+
+    retryable = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status_code: int,
+        code: str,
+        details: Any = None,
+        response: httpx.Response | None = None,
+    ):
+        super().__init__(message)
+        self.status_code = status_code
+        self.code = code
+        self.details = details
+        self.response = response
+
+    def __str__(self) -> str:
+        # The service writes what to fix into the message; details are for programs.
+        return f"{self.message} ({self.code}, HTTP {self.status_code})"
+
+    @classmethod
+    def from_response(cls, response: httpx.Response) -> APIError:
+        code, message, details = _parse_error_body(response)
+        kind = _BY_STATUS.get(response.status_code)
+        if kind is None:
+            kind = ServerError if response.status_code >= 500 else InvalidRequest
+        return kind(
+            message, status_code=response.status_code, code=code, details=details, response=response
+        )
+
+
+class InvalidRequest(APIError):
+    """400/413/415/422: the request, spec, checkpoint or dataset was refused; fix and resend."""
+
+
+class AuthenticationError(APIError):
+    """401/403: the API key is missing, wrong or not allowed to do this."""
+
+
+class NotFound(APIError):
+    """404: no such job, checkpoint or report (or it belongs to another key)."""
+
+
+class Conflict(APIError):
+    """409: the resource is not in a state that allows this (e.g. report of a running job)."""
+
+
+class RateLimited(APIError):
+    """429: too many requests; retried automatically before this is raised."""
+
+    retryable = True
+
+
+class ServiceUnavailable(APIError):
+    """502/503/504: the service or what it depends on is down; retried before this is raised."""
+
+    retryable = True
+
+
+class ServerError(APIError):
+    """Any other 5xx: a bug or an outage on the service side."""
+
+
+_BY_STATUS: dict[int, type[APIError]] = {
+    400: InvalidRequest,
+    401: AuthenticationError,
+    403: AuthenticationError,
+    404: NotFound,
+    409: Conflict,
+    413: InvalidRequest,
+    415: InvalidRequest,
+    422: InvalidRequest,
+    429: RateLimited,
+    502: ServiceUnavailable,
+    503: ServiceUnavailable,
+    504: ServiceUnavailable,
+}
+
+
+# ---------------------------------------------------------------- jobs
+
+
+class JobError(StitchsimError):
+    """A job did not end with a report."""
+
+    def __init__(self, message: str, job_id: str, status: JobStatus | None = None):
+        super().__init__(message)
+        self.job_id = job_id
+        self.status = status
+
+
+class JobFailed(JobError):
+    """The job ended `failed`; `code`/`message` are the service's reason."""
+
+    # Codes for problems the user must fix in the spec or the files (the engine's SpecError
+    # codes), as opposed to infrastructure failures (out_of_memory, time_limit, worker_broken,
+    # attempts_exhausted, internal...) that a rerun may cure. Unknown codes count as the
+    # latter: telling CI to retry is the cheaper mistake.
+    _USER_PREFIXES = ("invalid", "unknown_", "unsupported_")
+    _USER_SUFFIXES = ("_mismatch",)
+    _USER_CODES = frozenset({"not_found"})
+
+    def __init__(self, job_id: str, error: ErrorInfo | None, status: JobStatus | None = None):
+        self.code = error.code if error else "failed"
+        self.details = error.details if error else None
+        reason = error.message if error else "no reason given"
+        super().__init__(f"job {job_id} failed: {reason} ({self.code})", job_id, status)
+        self.reason = reason
+
+    @property
+    def is_user_error(self) -> bool:
+        return (
+            self.code.startswith(self._USER_PREFIXES)
+            or self.code.endswith(self._USER_SUFFIXES)
+            or self.code in self._USER_CODES
+        )
+
+
+class JobCancelled(JobError):
+    """The job ended `cancelled`."""
+
+
+class WaitTimeout(JobError, TimeoutError):
+    """`Job.wait` ran out of time; the job itself may still be running."""
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _parse_error_body(response: httpx.Response) -> tuple[str, str, Any]:
+    fallback_code = f"http_{response.status_code}"
+    fallback_message = response.reason_phrase or f"HTTP {response.status_code}"
+    try:
+        body = response.json()
+    except ValueError:
+        text = response.text.strip()[:500]
+        return fallback_code, text or fallback_message, None
+    if isinstance(body, dict) and isinstance(body.get("error"), dict):
+        err = body["error"]
+        return (
+            str(err.get("code") or fallback_code),
+            str(err.get("message") or fallback_message),
+            err.get("details"),
+        )
+    # A proxy or a framework default (FastAPI's {"detail": ...}) rather than our error shape.
+    if isinstance(body, dict) and "detail" in body:
+        detail = body["detail"]
+        message = detail if isinstance(detail, str) else fallback_message
+        return fallback_code, message, None if isinstance(detail, str) else detail
+    return fallback_code, fallback_message, body

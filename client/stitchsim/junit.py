@@ -1,0 +1,160 @@
+"""JUnit XML for CI dashboards: one test case per figure that was compared with the threshold.
+
+The verdict figure is the minimum over directions of the mean agreement over all stitch points
+and objectives of one protocol (the invariance-aware one when it ran). So the compared figures
+are those per-direction means, and the check passes exactly when each of them reaches the
+threshold; each becomes a test case whose output breaks it down by objective and stitch point.
+Test-case names leave out checkpoint hashes so CI tools can track them across runs.
+"""
+
+from __future__ import annotations
+
+import statistics
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from stitchsim.models import Direction, Protocol, Report, ResultRow
+
+
+@dataclass(frozen=True)
+class ComparedFigure:
+    protocol: Protocol
+    direction: Direction
+    mean_agreement: float
+    rows: list[ResultRow]
+
+
+def compared_figures(report: Report) -> list[ComparedFigure]:
+    """The per-direction figures whose minimum is the report's similarity."""
+    protocol = report.summary.similarity_protocol
+    by_direction: dict[Direction, list[ResultRow]] = {}
+    for row in report.results:
+        if row.protocol == protocol:
+            by_direction.setdefault(row.direction, []).append(row)
+    return [
+        ComparedFigure(protocol, d, statistics.fmean(r.agreement for r in rows), rows)
+        for d, rows in by_direction.items()
+    ]
+
+
+def report_to_junit(
+    report: Report, *, suite: str = "stitchsim", time_s: float | None = None
+) -> str:
+    threshold = report.summary.threshold
+    figures = compared_figures(report)
+    suite_el, cases = _suite(suite, report, time_s)
+    failures = 0
+
+    for fig in figures:
+        case = ET.SubElement(
+            cases,
+            "testcase",
+            classname=f"stitchsim.{fig.protocol}",
+            name=f"{fig.direction} mean agreement",
+            time=f"{sum(r.seconds for r in fig.rows):.3f}",
+        )
+        breakdown = _breakdown(report, fig)
+        if threshold is not None and fig.mean_agreement < threshold:
+            failures += 1
+            ET.SubElement(
+                case,
+                "failure",
+                type="BelowThreshold",
+                message=(
+                    f"mean agreement {fig.mean_agreement:.4f} < threshold {threshold:.4f} "
+                    f"({fig.protocol}, {fig.direction})"
+                ),
+            ).text = breakdown
+        ET.SubElement(case, "system-out").text = (
+            f"mean agreement {fig.mean_agreement:.4f}"
+            + (f" (threshold {threshold:.4f})" if threshold is not None else "")
+            + "\n"
+            + breakdown
+        )
+
+    # Never let the file pass while the service's verdict (and so the exit code) says fail.
+    tests = len(figures)
+    if report.verdict == "dissimilar" and failures == 0:
+        tests += 1
+        failures += 1
+        case = ET.SubElement(cases, "testcase", classname="stitchsim", name="verdict", time="0")
+        ET.SubElement(
+            case,
+            "failure",
+            type="Dissimilar",
+            message=f"verdict dissimilar: similarity {report.summary.similarity:.4f} "
+            f"< threshold {threshold}",
+        )
+    _finish(suite_el, tests=tests, failures=failures, errors=0)
+    return _serialise(suite_el)
+
+
+def error_to_junit(
+    message: str, *, kind: str, suite: str = "stitchsim", time_s: float | None = None
+) -> str:
+    """A JUnit file for a check that produced no report (service down, bad spec, timeout)."""
+    suite_el, cases = _suite(suite, None, time_s)
+    case = ET.SubElement(cases, "testcase", classname="stitchsim", name="check", time="0")
+    ET.SubElement(case, "error", type=kind, message=message).text = message
+    _finish(suite_el, tests=1, failures=0, errors=1)
+    return _serialise(suite_el)
+
+
+def _suite(name: str, report: Report | None, time_s: float | None) -> tuple[ET.Element, ET.Element]:
+    root = ET.Element("testsuites", name=name)
+    suite = ET.SubElement(
+        root,
+        "testsuite",
+        name=name,
+        timestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
+        time=f"{time_s or 0.0:.3f}",
+    )
+    if report is not None:
+        props = ET.SubElement(suite, "properties")
+        s = report.summary
+        for key, value in (
+            ("job_id", report.job_id),
+            ("front_checkpoint", report.front.checkpoint),
+            ("back_checkpoint", report.back.checkpoint),
+            ("front_accuracy", f"{report.front.accuracy:.4f}"),
+            ("back_accuracy", f"{report.back.accuracy:.4f}"),
+            ("similarity", f"{s.similarity:.4f}"),
+            ("similarity_protocol", s.similarity_protocol),
+            ("threshold", s.threshold),
+            ("verdict", report.verdict),
+            *((f"mean_agreement.{p}", f"{v:.4f}") for p, v in sorted(s.by_protocol.items())),
+        ):
+            if value is not None:
+                ET.SubElement(props, "property", name=key, value=str(value))
+    return root, suite
+
+
+def _finish(root: ET.Element, *, tests: int, failures: int, errors: int) -> None:
+    counts = {"tests": str(tests), "failures": str(failures), "errors": str(errors)}
+    root.attrib.update(counts)
+    suite = root.find("testsuite")
+    assert suite is not None
+    suite.attrib.update(counts, skipped="0")
+    root.set("time", suite.get("time", "0"))
+
+
+def _breakdown(report: Report, fig: ComparedFigure) -> str:
+    lines = [
+        f"{row.objective}: mean agreement {row.mean_agreement:.4f}"
+        for row in report.summary.rows
+        if (row.protocol, row.direction) == (fig.protocol, fig.direction)
+    ]
+    for p in fig.rows:
+        lo, hi = p.agreement_ci
+        lines.append(
+            f"{p.objective} {p.front_layer} -> {p.back_layer}: agreement {p.agreement:.4f} "
+            f"[{lo:.4f}, {hi:.4f}], hard agreement {p.hard_agreement:.4f}, "
+            f"accuracy {p.accuracy:.4f}, stitching penalty {p.stitching_penalty:+.4f}"
+        )
+    return "\n".join(lines)
+
+
+def _serialise(root: ET.Element) -> str:
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"

@@ -1,0 +1,2 @@
+"""stitchsim gateway: HTTP API, content-addressed store, job table. Never imports torch or the
+worker: jobs are enqueued by task name."""

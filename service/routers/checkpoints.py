@@ -1,0 +1,58 @@
+"""POST/GET /checkpoints: safetensors weights, validated on the way in, stored by content."""
+
+from __future__ import annotations
+
+from anyio import to_thread
+from fastapi import APIRouter, Depends, Request, Response
+from stitchsim.models import ErrorBody, StoredObject
+from stitchsim_service import objects
+from stitchsim_service.context import Context
+from stitchsim_service.deps import get_ctx, get_owner
+from stitchsim_service.errors import not_found
+from stitchsim_service.metrics import UPLOAD_BYTES
+from stitchsim_service.uploads import UPLOAD_OPENAPI, receive_single_file, validate_safetensors
+
+router = APIRouter(prefix="/checkpoints", tags=["checkpoints"])
+
+_ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 413, 415, 422, 503)}
+
+
+@router.post("", status_code=201, response_model=StoredObject,
+             responses={200: {"model": StoredObject, "description": "already stored"}, **_ERRORS},
+             openapi_extra=UPLOAD_OPENAPI, summary="Upload a safetensors checkpoint")
+async def upload_checkpoint(request: Request, response: Response,
+                            ctx: Context = Depends(get_ctx),
+                            owner: str = Depends(get_owner)) -> StoredObject:
+    upload = await receive_single_file(request, ctx.settings)
+    try:
+        header = await validate_safetensors(upload, ctx.settings, "checkpoint")
+        info = objects.checkpoint_info(header)
+        created = await to_thread.run_sync(objects.put_object, ctx, "checkpoints", upload)
+        try:
+            new = await to_thread.run_sync(objects.register, ctx, owner, "checkpoints", upload,
+                                           info)
+        except BaseException:
+            if created:
+                objects.rollback(ctx, [("checkpoints", upload.object_id)])
+            raise
+    finally:
+        upload.discard()
+    UPLOAD_BYTES.labels("checkpoints").inc(upload.size)
+    response.status_code = 201 if new else 200
+    return StoredObject(id=upload.object_id, size=upload.size, **info)
+
+
+@router.get("", response_model=list[StoredObject], summary="Your checkpoints")
+def list_checkpoints(ctx: Context = Depends(get_ctx),
+                     owner: str = Depends(get_owner)) -> list[StoredObject]:
+    return [objects.stored_object(r) for r in objects.list_owned(ctx, owner, "checkpoints")]
+
+
+@router.get("/{checkpoint_id}", response_model=StoredObject,
+            responses={404: {"model": ErrorBody}}, summary="One of your checkpoints")
+def get_checkpoint(checkpoint_id: str, ctx: Context = Depends(get_ctx),
+                   owner: str = Depends(get_owner)) -> StoredObject:
+    row = objects.owned(ctx, owner, "checkpoints", checkpoint_id)
+    if row is None:
+        raise not_found("checkpoint", checkpoint_id)
+    return objects.stored_object(row)

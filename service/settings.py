@@ -1,0 +1,137 @@
+"""Configuration, from STITCHSIM_* environment variables (one place for every knob)."""
+
+from __future__ import annotations
+
+import ipaddress
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
+
+
+def is_loopback(host: str | None) -> bool:
+    if host is None:
+        return False
+    if host in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STITCHSIM_", extra="ignore")
+
+    data_dir: Path = Field(
+        default=Path(".stitchsim"),
+        description="where the embedded default keeps its job table, broker, store and cache",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL of the job table; default sqlite:///<data_dir>/stitchsim.db",
+    )
+    store_url: str | None = Field(
+        default=None,
+        description="blob store: a directory, or an fsspec URL such as s3://bucket/prefix; "
+        "default <data_dir>/store",
+    )
+    redis_url: str | None = Field(
+        default=None,
+        description="Celery broker and result backend; unset = embedded SQLite broker",
+    )
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    require_api_key: bool | None = Field(
+        default=None,
+        description="true = keys even on loopback; keys are always required when host is "
+        "not loopback and for clients connecting from beyond loopback",
+    )
+    max_upload_bytes: int = Field(default=2 * 1024**3, ge=1024)
+    max_header_bytes: int = Field(default=16 * 1024**2, ge=1024)
+    max_spec_bytes: int = Field(default=1024**2, ge=1024)
+    check_timeout_s: float = Field(
+        default=30.0, ge=0, description="how long submission waits for the spec check"
+    )
+    job_time_limit_s: int = Field(default=4 * 3600, ge=10)
+    visibility_timeout_s: int | None = Field(
+        default=None, description="Redis redelivery timeout; default time limit + 1 h"
+    )
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    stale_after_s: float = Field(default=60.0, gt=0)
+    reap_interval_s: float = Field(default=15.0, gt=0)
+    max_active_jobs_per_key: int = Field(default=100, ge=1)
+    cache_dir: Path | None = Field(default=None, description="worker cache; <data_dir>/cache")
+    worker_concurrency: int = Field(default=1, ge=1)
+    shutdown_grace_s: float = Field(
+        default=10.0, ge=0, description="on a cold worker shutdown, how long running jobs may "
+        "finish before they are stopped and put back in the queue")
+    broker_poll_s: float = Field(default=0.2, gt=0, description="embedded broker poll interval")
+    poll_after_s: int = Field(default=2, ge=1, description="Retry-After sent with 202")
+    log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _limits_consistent(self) -> Settings:
+        if self.visibility_timeout_s is not None and (
+            self.visibility_timeout_s <= self.job_time_limit_s
+        ):
+            # Redis hands an unacknowledged task to another worker after the visibility
+            # timeout: a job allowed to run longer would run twice.
+            raise ValueError(
+                "STITCHSIM_VISIBILITY_TIMEOUT_S must exceed STITCHSIM_JOB_TIME_LIMIT_S"
+            )
+        if self.stale_after_s <= 2 * self.heartbeat_s:
+            raise ValueError("STITCHSIM_STALE_AFTER_S must exceed twice STITCHSIM_HEARTBEAT_S")
+        return self
+
+    # Derived values: computed, so that one env var (data_dir) moves everything.
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'stitchsim.db'}"
+
+    @property
+    def resolved_store_url(self) -> str:
+        return self.store_url or str(self.data_dir.resolve() / "store")
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        return (self.cache_dir or self.data_dir / "cache").resolve()
+
+    @property
+    def tmp_dir(self) -> Path:
+        return (self.data_dir / "tmp").resolve()
+
+    @property
+    def embedded(self) -> bool:
+        return not self.redis_url
+
+    @property
+    def broker_url(self) -> str:
+        if self.redis_url:
+            return self.redis_url
+        return f"sqla+sqlite:///{self.data_dir.resolve() / 'broker.db'}"
+
+    @property
+    def result_backend(self) -> str:
+        if self.redis_url:
+            return self.redis_url
+        return f"db+sqlite:///{self.data_dir.resolve() / 'results.db'}"
+
+    @property
+    def resolved_visibility_timeout_s(self) -> int:
+        return self.visibility_timeout_s or self.job_time_limit_s + 3600
+
+    @property
+    def keys_required(self) -> bool:
+        # Beyond loopback keys are always required: an explicit "false" cannot open the service
+        # to the network.
+        return bool(self.require_api_key) or not is_loopback(self.host)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

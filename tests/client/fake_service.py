@@ -1,0 +1,244 @@
+"""A small scripted stand-in for the stitchsim HTTP API, served over real sockets.
+
+It speaks DESIGN §3 closely enough to drive the SDK and CLI through uploads, submission,
+polling, failures and retries, in milliseconds and without torch. The real service is
+exercised by test_e2e.py; this one lets the client's own logic be tested in isolation.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import email.policy
+import hashlib
+import json
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from stitchsim.models import Spec
+
+from tests.client.reports import make_report
+
+Response = tuple[int, dict[str, str], bytes]
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class Injected:
+    method: str
+    path: str
+    response: Response
+    times: int
+
+
+@dataclass
+class FakeJob:
+    id: str
+    spec: dict[str, Any]
+    polls: int = 0
+    cancelled: bool = False
+
+
+@dataclass
+class FakeService:
+    # States a job passes through, one per GET /jobs/{id}; the last one repeats.
+    states: list[dict[str, Any]] = field(
+        default_factory=lambda: [
+            {"state": "queued"},
+            {"state": "running", "progress": {"stage": "train", "done": 1, "total": 2}},
+            {"state": "succeeded", "progress": {"stage": "done", "done": 2, "total": 2}},
+        ]
+    )
+    agreement: dict[tuple[str, str], float] = field(default_factory=dict)
+    spec_check: Callable[[dict[str, Any]], Response | None] | None = None
+    api_key: str | None = None
+    requests: list[Recorded] = field(default_factory=list)
+    checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
+    jobs: dict[str, FakeJob] = field(default_factory=dict)
+    injected: list[Injected] = field(default_factory=list)
+    _server: ThreadingHTTPServer | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ------------------------------------------------------------ control
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def inject(
+        self,
+        method: str,
+        path: str,
+        status: int,
+        *,
+        headers: dict[str, str] | None = None,
+        body: Any = None,
+        times: int = 1,
+    ) -> None:
+        """Answer the next `times` requests to METHOD PATH (prefix) with this instead."""
+        payload = json.dumps(body).encode() if body is not None else b""
+        self.injected.append(Injected(method, path, (status, headers or {}, payload), times))
+
+    def calls(self, method: str, prefix: str) -> list[Recorded]:
+        return [r for r in self.requests if r.method == method and r.path.startswith(prefix)]
+
+    def __enter__(self) -> FakeService:
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else each response waits on a delayed ACK
+
+            def _serve(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                status, headers, payload = service.handle(
+                    self.command, self.path, dict(self.headers.items()), body
+                )
+                self.send_response(status)
+                headers.setdefault("Content-Type", "application/json")
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            do_GET = do_POST = do_DELETE = _serve
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        ).start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.shutdown()
+        self._server.server_close()
+
+    # ------------------------------------------------------------ the API
+
+    def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Response:
+        with self._lock:
+            self.requests.append(Recorded(method, path, headers, body))
+            for inj in self.injected:
+                if inj.times > 0 and inj.method == method and path.startswith(inj.path):
+                    inj.times -= 1
+                    return inj.response
+        if self.api_key is not None and headers.get("Authorization") != f"Bearer {self.api_key}":
+            return _error(401, "unauthorized", "a valid API key is required")
+        route = path.split("?")[0].rstrip("/").split("/")[1:]
+        if method == "GET" and route == ["healthz"]:
+            return _json(200, {"ok": True})
+        if route[:1] == ["checkpoints"]:
+            return self._checkpoints(method, route, headers, body)
+        if method == "POST" and route == ["similarity"]:
+            return self._submit(headers, body)
+        if route[:1] == ["jobs"]:
+            return self._jobs(method, route)
+        return _error(404, "not_found", f"no such endpoint: {method} {path}")
+
+    def _checkpoints(
+        self, method: str, route: list[str], headers: dict[str, str], body: bytes
+    ) -> Response:
+        if method == "GET" and len(route) == 2:
+            obj = self.checkpoints.get(route[1])
+            if obj is None:
+                return _error(404, "not_found", f"checkpoint {route[1]} not found")
+            return _json(200, obj)
+        if method == "POST" and len(route) == 1:
+            data = _multipart_file(headers.get("Content-Type", ""), body)
+            if data is None:
+                return _error(422, "invalid_request", "multipart field 'file' is required")
+            digest = "sha256:" + hashlib.sha256(data).hexdigest()
+            existed = digest in self.checkpoints
+            self.checkpoints[digest] = {"id": digest, "size": len(data), "n_tensors": 1}
+            return _json(200 if existed else 201, self.checkpoints[digest])
+        return _error(405, "method_not_allowed", "method not allowed")
+
+    def _submit(self, headers: dict[str, str], body: bytes) -> Response:
+        spec = json.loads(body)
+        if self.spec_check is not None:
+            refused = self.spec_check(spec)
+            if refused is not None:
+                return refused
+        for side in ("front", "back"):
+            if spec[side]["checkpoint"] not in self.checkpoints:
+                return _error(422, "invalid_spec", f"{side}.checkpoint: not uploaded")
+        key = headers.get("Idempotency-Key")
+        for job in self.jobs.values():
+            if key and job.spec.get("_idempotency_key") == key:
+                return _json(202, {"job_id": job.id, "status_url": f"/jobs/{job.id}"})
+        job = FakeJob(id=uuid.uuid4().hex[:12], spec={**spec, "_idempotency_key": key})
+        self.jobs[job.id] = job
+        return _json(
+            202,
+            {"job_id": job.id, "status_url": f"/jobs/{job.id}"},
+            {"Location": f"/jobs/{job.id}", "Retry-After": "1"},
+        )
+
+    def _jobs(self, method: str, route: list[str]) -> Response:
+        if len(route) == 1 and method == "GET":
+            items = [self._status(j, advance=False) for j in reversed(self.jobs.values())]
+            return _json(200, {"items": items, "next_cursor": None})
+        job = self.jobs.get(route[1])
+        if job is None:
+            return _error(404, "not_found", f"job {route[1]} not found")
+        if len(route) == 2 and method == "GET":
+            return _json(200, self._status(job, advance=True))
+        if len(route) == 2 and method == "DELETE":
+            job.cancelled = True
+            return _json(202, self._status(job, advance=False))
+        if len(route) == 3 and method == "GET":
+            if self._status(job, advance=False)["state"] != "succeeded":
+                return _error(409, "conflict", "the job has not finished")
+            spec = {k: v for k, v in job.spec.items() if not k.startswith("_")}
+            report = make_report(Spec.model_validate(spec), self.agreement, job_id=job.id)
+            if route[2] == "report":
+                return _json(200, json.loads(report.model_dump_json()))
+            if route[2] == "report.html":
+                page = f"<html><body>job {job.id}: {report.verdict}</body></html>"
+                return 200, {"Content-Type": "text/html"}, page.encode()
+        return _error(404, "not_found", "no such endpoint")
+
+    def _status(self, job: FakeJob, *, advance: bool) -> dict[str, Any]:
+        index = min(job.polls, len(self.states) - 1)
+        if advance:
+            job.polls += 1
+        state = {"state": "cancelled"} if job.cancelled else self.states[index]
+        now = datetime.now(timezone.utc).isoformat()
+        return {"id": job.id, "created_at": now, "progress": {}, **state}
+
+
+def _json(status: int, body: Any, headers: dict[str, str] | None = None) -> Response:
+    return status, dict(headers or {}), json.dumps(body).encode()
+
+
+def _error(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    return _json(status, {"error": {"code": code, "message": message, "details": None}}, headers)
+
+
+def _multipart_file(content_type: str, body: bytes) -> bytes | None:
+    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body
+    )
+    for part in msg.iter_parts():
+        if part.get_param("name", header="content-disposition") == "file":
+            return part.get_payload(decode=True)
+    return None

@@ -1,0 +1,154 @@
+"""A realistic finished report built by hand, for testing the page and the table without
+running the engine: two directions, three stitch points, slm and fula, both protocols,
+identity and clustered-noise controls, IRI statistics and a threshold."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stitchsim.models import (
+    Direction,
+    IRIStats,
+    ModelSummary,
+    Objective,
+    Protocol,
+    Report,
+    ResultRow,
+    Spec,
+    Summary,
+    SummaryRow,
+)
+
+LAYERS = ("layer1", "layer2", "layer3")
+OBJECTIVES: tuple[Objective, ...] = ("slm", "fula")
+PROTOCOLS: tuple[Protocol, ...] = ("standard", "invariance_aware")
+DIRECTIONS: tuple[Direction, ...] = ("front_to_back", "back_to_front")
+
+# Standard agreement stays high with depth; invariance-aware falls off: the typical picture
+# of two networks that look alike under the standard protocol but are not. Values at the
+# first, middle and last stitch point; points in between are interpolated.
+STANDARD = (0.978, 0.962, 0.941)
+INVARIANT = (0.902, 0.781, 0.612)
+
+
+def _level(levels: tuple[float, float, float], k: int, n: int) -> float:
+    t = 2 * k / (n - 1) if n > 1 else 0.0
+    i = min(int(t), 1)
+    return round(levels[i] + (levels[i + 1] - levels[i]) * (t - i), 4)
+
+
+def _ci(value: float, half: float = 0.012) -> tuple[float, float]:
+    return (round(max(0.0, value - half), 4), round(min(1.0, value + half), 4))
+
+
+def _row(direction: Direction, k: int, n: int, objective: Objective, protocol: Protocol,
+         front_layer: str, back_layer: str, shift: float) -> ResultRow:
+    base = _level(STANDARD if protocol == "standard" else INVARIANT, k, n)
+    agreement = round(base - shift - (0.01 if objective == "fula" else 0.0), 4)
+    accuracy = round(0.955 - (1 - agreement) * 0.6, 4)
+    iri = None
+    if protocol == "invariance_aware":
+        iri = IRIStats(start_median=0.93 + 0.01 * k, median=0.04 * (k + 1), p90=0.07 * (k + 1),
+                       max=0.12 * (k + 1) + (0.2 if k == n - 1 else 0.0), converged=k < n - 1,
+                       cache_hit=objective == "fula", n=200, seconds=3.2 + k)
+    return ResultRow(
+        direction=direction, front_layer=front_layer, back_layer=back_layer,
+        objective=objective, protocol=protocol, agreement=agreement,
+        agreement_ci=_ci(agreement), hard_agreement=round(agreement + 0.01, 4),
+        hard_agreement_ci=_ci(agreement + 0.01), accuracy=accuracy, accuracy_ci=_ci(accuracy),
+        stitching_penalty=round(0.955 - accuracy, 4), error_consistency=0.71,
+        error_consistency_ci=(0.62, 0.8), train_loss=0.0312, seconds=4.1,
+        iri=iri, stitch="1x1 conv 64→64",
+    )
+
+
+def _controls(direction: Direction, pairs: list[tuple[str, str]]) -> list[ResultRow]:
+    """As the engine reports them: per layer pair, identity under each protocol, clustered
+    noise per sigma under the standard protocol."""
+    rows: list[ResultRow] = []
+    for k, (front_layer, back_layer) in enumerate(pairs):
+        for objective in OBJECTIVES:
+            common: dict[str, Any] = dict(
+                direction=direction, front_layer=front_layer, back_layer=back_layer,
+                objective=objective, hard_agreement_ci=(0.0, 1.0), accuracy_ci=(0.0, 1.0),
+                stitching_penalty=0.0, error_consistency=0.0, error_consistency_ci=(0.0, 0.0),
+                train_loss=0.01, seconds=1.0,
+            )
+            for protocol, dip in (("standard", 0.0), ("invariance_aware", 0.006)):
+                a = 0.996 - 0.002 * k - dip
+                rows.append(ResultRow(**common, protocol=protocol, control="identity",
+                                      agreement=a, agreement_ci=(a - 0.005, min(1.0, a + 0.004)),
+                                      hard_agreement=0.998, accuracy=0.955))
+            for sigma, level in ((0.1, 0.52), (0.3, 0.38)):
+                a = level - 0.05 * k
+                rows.append(ResultRow(**common, protocol="standard", control="clustered_noise",
+                                      sigma=sigma, agreement=a, agreement_ci=_ci(a, 0.03),
+                                      hard_agreement=a + 0.02, accuracy=a - 0.03))
+    return rows
+
+
+def make_sample_report(threshold: float | None = 0.75, shift: float = 0.0,
+                       front_layers: tuple[str, ...] = LAYERS,
+                       back_layers: tuple[str, ...] = LAYERS,
+                       front_arch: str = "resnet18", back_arch: str = "resnet26",
+                       warnings: list[str] | None = None) -> Report:
+    """`shift` lowers every agreement, to move the verdict across the threshold."""
+    spec = Spec.model_validate({
+        "front": {"checkpoint": "sha256:" + "a" * 64, "arch": front_arch,
+                  "arch_kwargs": {"num_classes": 10}},
+        "back": {"checkpoint": "sha256:" + "b" * 64, "arch": back_arch,
+                 "arch_kwargs": {"num_classes": 10}},
+        "dataset": "digits",
+        "layers": [{"front": f, "back": b} for f, b in zip(front_layers, back_layers, strict=True)],
+        "objectives": list(OBJECTIVES),
+        "controls": ["identity", "clustered_noise"],
+        "threshold": threshold,
+    })
+    results: list[ResultRow] = []
+    controls: list[ResultRow] = []
+    # Rows name layers by model (front_layer is the front model's) in both directions, as
+    # the engine does.
+    pairs = list(zip(front_layers, back_layers, strict=True))
+    for direction in DIRECTIONS:
+        extra = 0.0 if direction == "front_to_back" else 0.015
+        for k, (fl, bl) in enumerate(pairs):
+            for objective in OBJECTIVES:
+                for protocol in PROTOCOLS:
+                    results.append(_row(direction, k, len(pairs), objective, protocol, fl, bl,
+                                        shift + extra))
+        controls += _controls(direction, pairs)
+    summary = summarise(results, threshold)
+    return Report(
+        job_id="job_0123456789abcdef", spec=spec,
+        front=ModelSummary(checkpoint=spec.front.checkpoint, arch=front_arch,  # type: ignore[arg-type]
+                           arch_kwargs={"num_classes": 10}, accuracy=0.962,
+                           accuracy_ci=(0.948, 0.975), input_size=32, layers=list(front_layers)),
+        back=ModelSummary(checkpoint=spec.back.checkpoint, arch=back_arch,  # type: ignore[arg-type]
+                          arch_kwargs={"num_classes": 10}, accuracy=0.955,
+                          accuracy_ci=(0.94, 0.969), input_size=32, layers=list(back_layers)),
+        dataset={"name": "digits", "n_train": 1437, "n_test": 360, "n_classes": 10,
+                 "image_shape": [3, 32, 32]},
+        results=results, controls=controls, summary=summary, verdict=summary.verdict,
+        warnings=warnings or [],
+        environment={"stitchsim": "0.1.0", "torch": "2.14.1", "timm": "1.0.31",
+                     "device": "cpu", "seed": 0, "durations_s": {"train": 52.1, "iri": 31.9}},
+    )
+
+
+def summarise(results: list[ResultRow], threshold: float | None) -> Summary:
+    """What the engine does: means over stitch points, minimum over directions."""
+    groups: dict[tuple[Protocol, Direction, Objective], list[float]] = {}
+    for r in results:
+        groups.setdefault((r.protocol, r.direction, r.objective), []).append(r.agreement)
+    rows = [SummaryRow(protocol=p, direction=d, objective=o, mean_agreement=sum(v) / len(v))
+            for (p, d, o), v in groups.items()]
+    by_protocol: dict[str, float] = {}
+    for row in rows:
+        by_protocol[row.protocol] = min(by_protocol.get(row.protocol, 1.0), row.mean_agreement)
+    protocol: Protocol = "invariance_aware" if "invariance_aware" in by_protocol else "standard"
+    similarity = by_protocol[protocol]
+    verdict = None
+    if threshold is not None:
+        verdict = "similar" if similarity >= threshold else "dissimilar"
+    return Summary(rows=rows, by_protocol=by_protocol, similarity=similarity,
+                   similarity_protocol=protocol, threshold=threshold, verdict=verdict)

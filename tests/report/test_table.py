@@ -1,0 +1,112 @@
+"""The terminal table: aligned, one line per stitch point and protocol, verdict last."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+from stitchsim.table import format_table
+
+from tests.report.sample import make_sample_report
+
+TABLE_SOURCE = Path(__file__).resolve().parents[2] / "client" / "stitchsim" / "table.py"
+
+
+def _results_block(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("direction"))
+    end = lines.index("", start)
+    return lines[start:end]
+
+
+def test_one_aligned_line_per_stitch_point_objective_and_protocol() -> None:
+    report = make_sample_report()
+    block = _results_block(format_table(report))
+    header, rule, *rows = block
+    assert len(rows) == len(report.results) == 24
+    # Every line of the block has the same width: columns line up (numbers right-aligned).
+    assert len({len(line) for line in block}) == 1
+    assert set(rule) <= {"-", " "}
+    assert header.split() == ["direction", "stitch:", "from", "->", "into", "objective",
+                              "protocol", "agreement", "[CI]", "hard", "agr", "accuracy",
+                              "penalty"]
+    # The two protocols of one stitch point and objective sit next to each other.
+    assert "standard" in rows[0] and "invariance_aware" in rows[1]
+    assert rows[0].split()[1:4] == ["layer1", "->", "layer1"]
+    assert "0.978 [0.966, 0.990]" in rows[0]
+    assert rows[0].rstrip().endswith("+0.013")
+
+
+def test_depth_order_follows_the_report_not_the_alphabet() -> None:
+    layers = ("stem", "blocks.10", "blocks.2")
+    report = make_sample_report(front_layers=layers, back_layers=layers)
+    rows = _results_block(format_table(report))[2:]
+    firsts = [row.split()[1] for row in rows if row.startswith("front->back")]
+    assert firsts == [name for name in layers for _ in range(4)]
+
+
+def test_layers_read_in_stitch_order_in_both_directions() -> None:
+    # Rows name layers by model; back->front reads from the back model's layer.
+    report = make_sample_report(front_layers=("f1", "f2", "f3"), back_layers=("b1", "b2", "b3"))
+    rows = _results_block(format_table(report))[2:]
+    assert [r.split()[1:4] for r in rows if r.startswith("front->back")][0] == ["f1", "->", "b1"]
+    assert [r.split()[1:4] for r in rows if r.startswith("back->front")][0] == ["b1", "->", "f1"]
+
+
+def test_controls_then_summary_then_verdict_last() -> None:
+    report = make_sample_report(warnings=["IRIs at layer3 did not converge"])
+    text = format_table(report)
+    lines = text.splitlines()
+    assert lines.index("controls") < lines.index("mean agreement over stitch points")
+    assert lines.index("mean agreement over stitch points") < lines.index("warnings")
+    assert lines[-1] == (
+        "VERDICT: DISSIMILAR  similarity 0.740 (invariance_aware, weaker direction) "
+        "< threshold 0.750"
+    )
+    assert report.verdict == "dissimilar"
+    control_rows = [line for line in lines if line.startswith(("identity", "clustered_noise"))]
+    assert len(control_rows) == len(report.controls)
+    assert any(line.startswith("front->back  slm") and line.endswith("0.195") for line in lines)
+
+
+def test_similar_and_no_threshold_verdicts() -> None:
+    similar = make_sample_report(threshold=0.7)
+    assert similar.verdict == "similar"
+    assert format_table(similar).splitlines()[-1].startswith("VERDICT: SIMILAR  similarity")
+    assert ">= threshold 0.700" in format_table(similar).splitlines()[-1]
+    none = make_sample_report(threshold=None)
+    assert format_table(none).splitlines()[-1] == (
+        "VERDICT: none (no threshold set); similarity 0.740 (invariance_aware, weaker direction)"
+    )
+
+
+def test_hostile_names_cannot_drive_the_terminal() -> None:
+    evil = ("stem\x1b[2J\x1b[31m", "layer2\nVERDICT: SIMILAR", "layer3\u202e")
+    report = make_sample_report(front_layers=evil)
+    text = format_table(report)
+    text.encode("ascii")  # plain ASCII: no control sequence, no bidi override, any console
+    assert "\x1b" not in text
+    assert "\\x1b[2J" in text
+    assert sum(line.startswith("VERDICT") for line in text.splitlines()) == 1
+
+
+def test_long_layer_names_are_shortened_in_the_middle() -> None:
+    long = "stages.3.blocks.11.attention.very_long_projection_module.fc2"
+    report = make_sample_report(front_layers=(long, "b", "c"))
+    row = _results_block(format_table(report))[2]
+    name = row.split()[1]
+    assert len(name) == 40 and name.startswith("stages.3.") and name.endswith(".fc2")
+
+
+def test_table_module_uses_only_the_standard_library_and_the_contract() -> None:
+    tree = ast.parse(TABLE_SOURCE.read_text())
+    modules = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+        for alias in node.names
+    } | {
+        node.module.split(".")[0] for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+    }
+    allowed = set(sys.stdlib_module_names) | {"stitchsim"}
+    assert modules <= allowed, modules - allowed

@@ -1,0 +1,75 @@
+"""Restarts lose no job: a worker killed mid-job (SIGKILL, as an OOM kill does) and a gateway
+restart, with one job running and one queued; both finish, finished reports stay."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from stitchsim.models import Report
+
+from tests.service.conftest import assert_same_figures, figures, tiny_spec, upload
+
+
+def _submit(svc, spec) -> str:  # type: ignore[no-untyped-def]
+    with svc.client() as c:
+        r = c.post("/similarity", json=spec)
+        assert r.status_code == 202, r.text
+        return str(r.json()["job_id"])
+
+
+def _report(svc, job_id: str) -> Report:  # type: ignore[no-untyped-def]
+    with svc.client() as c:
+        r = c.get(f"/jobs/{job_id}/report")
+        assert r.status_code == 200, r.text
+        return Report.model_validate(r.json())
+
+
+def _scenario(svc, ckpts, reference_report, restart_gateway, restart_workers) -> None:  # type: ignore[no-untyped-def]
+    with svc.client() as c:
+        front = upload(c, ckpts.digits_resnet)
+        back = upload(c, ckpts.digits_resnet_b)
+    spec = tiny_spec({"checkpoint": front}, {"checkpoint": back})
+    done = _submit(svc, {**spec, "directions": "back_to_front"})
+    svc.wait_job(done)
+    before = _report(svc, done)
+
+    running = _submit(svc, spec)
+    queued = _submit(svc, {**spec, "train": {**spec["train"], "seed": 4}})
+    svc.wait_job(running, states=("running",), timeout=120)
+
+    killed = svc.kill_workers("gpu")
+    assert killed, "no gpu worker to kill"
+    restart_workers()
+    restart_gateway()
+
+    final = svc.wait_job(running, timeout=180)[-1]
+    assert final["state"] == "succeeded", final
+    assert final["attempts"] >= 2, final  # the killed attempt counted
+    assert_same_figures(figures(_report(svc, running)), figures(reference_report))
+    assert svc.wait_job(queued, timeout=180)[-1]["state"] == "succeeded"
+    assert _report(svc, done).model_dump() == before.model_dump()
+
+
+def test_embedded_worker_kill_and_gateway_restart(service_factory, ckpts, reference_report) -> None:  # type: ignore[no-untyped-def]
+    svc = service_factory.embedded()
+
+    def restart_gateway() -> None:
+        # serve is gateway and workers in one: restarting it restarts both.
+        svc.stop_process("serve", signal.SIGTERM)
+        svc.start()
+        svc.wait_ready()
+
+    _scenario(svc, ckpts, reference_report, restart_gateway, lambda: None)
+
+
+def test_redis_worker_kill_and_gateway_restart(redis_service, ckpts, reference_report) -> None:  # type: ignore[no-untyped-def]
+    svc = redis_service
+
+    def restart_gateway() -> None:
+        svc.stop_process("gateway", signal.SIGTERM)
+        time.sleep(0.5)
+        svc.start_gateway()
+        svc.wait_ready()
+
+    _scenario(svc, ckpts, reference_report, restart_gateway, svc.start_workers)

@@ -1,0 +1,138 @@
+"""The stdlib header validator against the official writer and a corpus of broken files."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import struct
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save as st_save
+from stitchsim.safetensors_format import (
+    InvalidDataset,
+    SafetensorsError,
+    UnsupportedFormat,
+    check_dataset,
+    parse_header,
+    read_header,
+    read_labels,
+)
+
+from tests.service.helpers import dataset_bytes, raw_safetensors, safetensors_bytes
+
+
+def _check(data: bytes, **kw: int):  # type: ignore[no-untyped-def]
+    return read_header(io.BytesIO(data), **kw)
+
+
+def test_official_writer_files_pass_with_their_figures() -> None:
+    arrays = {"a": np.zeros((2, 3), np.float32), "b": np.arange(5, dtype=np.int64),
+              "empty": np.zeros((0, 4), np.float16), "c": np.ones(7, np.uint8)}
+    data = st_save(arrays, metadata={"arch": "resnet18", "arch_kwargs": '{"num_classes": 3}'})
+    h = _check(data)
+    assert h.n_tensors == 4
+    assert h.arch == "resnet18"
+    assert h.tensors["a"].shape == (2, 3) and h.tensors["a"].dtype == "F32"
+    assert h.tensors["b"].end - h.tensors["b"].start == 40
+    assert read_labels(io.BytesIO(data), h.tensors["b"]) == [0, 1, 2, 3, 4]
+
+
+def test_checkpoint_fixture_header(ckpts) -> None:  # type: ignore[no-untyped-def]
+    h = read_header(Path(ckpts.digits_resnet))
+    assert h.arch == "test_resnet"
+    assert json.loads(h.metadata["arch_kwargs"])["num_classes"] == 10
+
+
+T = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
+BROKEN: list[tuple[str, bytes, type[SafetensorsError], str]] = [
+    ("pickle", pickle.dumps({"w": [1.0]}), UnsupportedFormat, "pickle"),
+    ("zip", b"PK\x03\x04" + b"\0" * 100, UnsupportedFormat, "zip"),
+    ("numpy", b"\x93NUMPY" + b"\0" * 100, UnsupportedFormat, "NumPy"),
+    ("too short", b"\x01\x00", SafetensorsError, "too short"),
+    ("header cap", raw_safetensors({"a": T}, b"\0" * 8, declared=1 << 40), SafetensorsError,
+     "more than"),
+    ("truncated header", raw_safetensors({"a": T}, b"", declared=500), SafetensorsError,
+     "truncated"),
+    ("truncated data", raw_safetensors({"a": T}, b"\0" * 4), SafetensorsError, "truncated"),
+    ("trailing bytes", raw_safetensors({"a": T}, b"\0" * 12), SafetensorsError, "after the last"),
+    ("leading space", raw_safetensors(None, b"\0" * 8, raw_header=b' {"a": ' +
+                                      json.dumps(T).encode() + b"}"), SafetensorsError,
+     "must start with '{'"),
+    ("not json", raw_safetensors(None, b"", raw_header=b"{nope}"), SafetensorsError,
+     "not valid JSON"),
+    ("duplicate key", raw_safetensors(None, b"\0" * 8, raw_header=(
+        f'{{"a": {json.dumps(T)}, "a": {json.dumps(T)}}}').encode()), SafetensorsError,
+     "twice"),
+    ("bad dtype", raw_safetensors({"a": {**T, "dtype": "F128"}}, b"\0" * 8), SafetensorsError,
+     "dtype"),
+    ("negative shape", raw_safetensors({"a": {**T, "shape": [-2]}}, b"\0" * 8),
+     SafetensorsError, "shape"),
+    ("size mismatch", raw_safetensors({"a": {**T, "shape": [3]}}, b"\0" * 8), SafetensorsError,
+     "takes 12 bytes"),
+    ("overlap", raw_safetensors({"a": T, "b": T}, b"\0" * 8), SafetensorsError, "overlaps"),
+    ("gap", raw_safetensors({"a": {**T, "data_offsets": [4, 12]}}, b"\0" * 12),
+     SafetensorsError, "gap"),
+    ("metadata not str", raw_safetensors({"__metadata__": {"n": 3}, "a": T}, b"\0" * 8),
+     SafetensorsError, "must be a string"),
+    ("arch_kwargs not json", raw_safetensors({"__metadata__": {"arch_kwargs": "{x"}, "a": T},
+                                             b"\0" * 8), SafetensorsError, "JSON object"),
+    ("extra field", raw_safetensors({"a": {**T, "x": 1}}, b"\0" * 8), SafetensorsError,
+     "exactly dtype"),
+    ("NaN constant", raw_safetensors(None, b"\0" * 8, raw_header=b'{"a": {"dtype": "F32", '
+                                     b'"shape": [NaN], "data_offsets": [0, 8]}}'),
+     SafetensorsError, "NaN"),
+    ("bool shape", raw_safetensors({"a": {**T, "shape": [True, True]}}, b"\0" * 8),
+     SafetensorsError, "shape"),
+]
+
+
+@pytest.mark.parametrize("name,data,exc,words", BROKEN, ids=[b[0] for b in BROKEN])
+def test_broken_files_are_refused_with_a_reason(name: str, data: bytes,
+                                                exc: type[SafetensorsError], words: str) -> None:
+    with pytest.raises(exc) as info:
+        _check(data)
+    assert words in info.value.message
+
+
+def test_header_cap_is_configurable() -> None:
+    data = safetensors_bytes({"a": np.zeros(3, np.float32)}, {"x": "y" * 3000})
+    _check(data)
+    with pytest.raises(SafetensorsError, match="more than the 1024 bytes"):
+        _check(data, max_header_bytes=1024)
+
+
+def test_torch_zip_checkpoint_is_unsupported() -> None:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps({}))
+    with pytest.raises(UnsupportedFormat, match="torch.save"):
+        parse_header(buf.getvalue(), len(buf.getvalue()))
+
+
+def test_dataset_checks() -> None:
+    info = check_dataset(io.BytesIO(dataset_bytes(n_train=30, n_test=12, c=1, hw=9)))
+    assert (info.n_train, info.n_test, info.image_shape, info.n_classes) == (30, 12,
+                                                                             (1, 9, 9), 10)
+    bad = {
+        "labels dtype": dataset_bytes(train_labels=np.zeros(40, np.float32)),
+        "count mismatch": dataset_bytes(train_labels=np.zeros(39, np.int64)),
+        "channels": dataset_bytes(n_train=4, n_test=4, c=2),
+        "rank": dataset_bytes(train_images=np.zeros((40, 8, 8), np.uint8)),
+        "negative label": dataset_bytes(test_labels=-np.ones(20, np.int64)),
+        "shape mismatch": dataset_bytes(test_images=np.zeros((20, 3, 9, 9), np.uint8)),
+        "missing tensor": safetensors_bytes({"train_images": np.zeros((2, 3, 8, 8), np.uint8)}),
+    }
+    for what, data in bad.items():
+        with pytest.raises(InvalidDataset):
+            check_dataset(io.BytesIO(data))
+        assert what
+
+
+def test_header_length_field_is_little_endian_u64() -> None:
+    data = safetensors_bytes({"a": np.zeros(2, np.float32)})
+    (n,) = struct.unpack("<Q", data[:8])
+    assert _check(data).header_size == n

@@ -1,0 +1,115 @@
+"""The Celery app of the workers: `celery -A stitchsim_worker.celery_app worker`, or
+`stitchsim-server worker`. Configuration comes from STITCHSIM_* like the gateway's."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Any
+
+from celery import Celery
+from celery.signals import (
+    task_received,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+)
+from sqlalchemy import delete
+from stitchsim_service.context import Context
+from stitchsim_service.db import WorkerRow, forget_inherited_databases, utcnow
+from stitchsim_service.queue import RUN_TASK, make_celery
+from stitchsim_service.settings import get_settings
+
+log = logging.getLogger("stitchsim.worker")
+
+app: Celery = make_celery(get_settings())
+app.conf.include = ["stitchsim_worker.tasks"]
+
+_ctx: Context | None = None
+_ctx_pid: int | None = None
+
+
+def worker_context() -> Context:
+    """This process's context (a forked pool child builds its own)."""
+    global _ctx, _ctx_pid
+    if _ctx is None or _ctx_pid != os.getpid():
+        _ctx = Context.open(get_settings())
+        _ctx_pid = os.getpid()
+    return _ctx
+
+
+@worker_process_init.connect
+def _child_init(**_: Any) -> None:
+    forget_inherited_databases()
+    # Import the engine (torch, timm) in the child, after the fork: the parent stays light and
+    # never initialises CUDA, and the first task does not pay for the import.
+    try:
+        import stitchsim_worker.engine  # noqa: F401
+    except Exception as exc:
+        log.error("the engine cannot be imported: %s", exc)
+
+
+@task_received.connect
+def _received(request: Any = None, **_: Any) -> None:
+    # In the parent, as the broker hands the task over: lets the reaper tell a job whose
+    # worker died before starting it from one still waiting in the queue.
+    if request is None or request.name != RUN_TASK or not request.args:
+        return
+    try:
+        from stitchsim_service.jobs import mark_delivered
+
+        mark_delivered(worker_context(), str(request.args[0]), request.hostname or "")
+    except Exception as exc:
+        log.warning("could not mark delivery: %s", exc)
+
+
+class _Presence:
+    """The worker's entry in the workers table, refreshed while the process lives."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.name = ""
+        self.queues = ""
+
+    def run(self) -> None:
+        ctx = worker_context()
+        period = min(5.0, ctx.settings.heartbeat_s)
+        while True:
+            try:
+                with ctx.db.write() as s:
+                    row = s.get(WorkerRow, self.name)
+                    if row is None:
+                        s.add(WorkerRow(name=self.name, queues=self.queues, pid=os.getpid(),
+                                        last_seen=utcnow()))
+                    else:
+                        row.queues, row.pid, row.last_seen = self.queues, os.getpid(), utcnow()
+            except Exception as exc:
+                log.warning("presence update failed: %s", exc)
+            if self.stop.wait(period):
+                return
+
+
+_presence = _Presence()
+
+
+@worker_ready.connect
+def _ready(sender: Any = None, **_: Any) -> None:
+    # sender is the worker's Consumer: it knows the node name and the queues it consumes.
+    queues = list(app.amqp.queues.consume_from or {}) if app.amqp.queues else []
+    _presence.name = getattr(sender, "hostname", None) or f"worker@{socket.gethostname()}"
+    _presence.queues = ",".join(sorted(queues)) or "gpu"
+    threading.Thread(target=_presence.run, name="stitchsim-presence", daemon=True).start()
+
+
+@worker_shutdown.connect
+def _shutdown(**_: Any) -> None:
+    _presence.stop.set()
+    if not _presence.name:
+        return
+    try:
+        with worker_context().db.write() as s:
+            s.execute(delete(WorkerRow).where(WorkerRow.name == _presence.name))
+    except Exception as exc:
+        log.warning("could not deregister: %s", exc)

@@ -1,0 +1,259 @@
+"""`stitchsim-server`: serve (gateway + workers), gateway, worker, keys, and run (if present)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+log = logging.getLogger("stitchsim.server")
+
+
+def _apply_env(args: argparse.Namespace) -> None:
+    """Flags win over the environment; children inherit them through it."""
+    for flag, var in (("data_dir", "STITCHSIM_DATA_DIR"), ("host", "STITCHSIM_HOST"),
+                      ("port", "STITCHSIM_PORT"), ("redis_url", "STITCHSIM_REDIS_URL"),
+                      ("database_url", "STITCHSIM_DATABASE_URL"),
+                      ("store_url", "STITCHSIM_STORE_URL")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            os.environ[var] = str(Path(value).resolve()) if flag == "data_dir" else str(value)
+    # Relative data dirs would differ between processes started from different places.
+    if "STITCHSIM_DATA_DIR" in os.environ:
+        os.environ["STITCHSIM_DATA_DIR"] = str(Path(os.environ["STITCHSIM_DATA_DIR"]).resolve())
+    else:
+        os.environ["STITCHSIM_DATA_DIR"] = str(Path(".stitchsim").resolve())
+
+
+def _settings():  # type: ignore[no-untyped-def]
+    from stitchsim_service.settings import Settings, get_settings
+
+    get_settings.cache_clear()
+    s: Settings = get_settings()
+    return s
+
+
+def _run_gateway(host: str, port: int, log_level: str) -> None:
+    import uvicorn
+    from stitchsim_service.main import create_app
+
+    settings = _settings()
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level,
+                timeout_graceful_shutdown=10)
+
+
+# ---------------------------------------------------------------- serve
+
+
+class Supervisor:
+    """Keeps worker processes alive beside the gateway; restarts them if they die."""
+
+    def __init__(self, commands: list[list[str]]):
+        self.commands = commands
+        self.procs: list[subprocess.Popen[bytes] | None] = [None] * len(commands)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
+
+    def _spawn(self, i: int) -> None:
+        # Own session: a signal to the worker reaches its pool children, and ^C in the terminal
+        # reaches only serve, which shuts the workers down in order.
+        self.procs[i] = subprocess.Popen(self.commands[i], start_new_session=True)
+
+    def start(self) -> None:
+        for i in range(len(self.commands)):
+            self._spawn(i)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        backoff = [1.0] * len(self.commands)
+        while not self._stop.wait(0.5):
+            for i, p in enumerate(self.procs):
+                if p is not None and p.poll() is not None and not self._stop.is_set():
+                    log.warning("worker %d exited with %s; restarting in %.0f s", i,
+                                p.returncode, backoff[i])
+                    if self._stop.wait(backoff[i]):
+                        return
+                    backoff[i] = min(backoff[i] * 2, 30.0)
+                    self._spawn(i)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        self._stop.set()
+        live = [p for p in self.procs if p is not None and p.poll() is None]
+        for p in live:
+            # Cold shutdown: Celery gives running tasks worker_soft_shutdown_timeout, then stops
+            # them; their messages go back to the queue (acks late), the job table keeps state.
+            _signal_group(p, signal.SIGQUIT)
+        deadline = time.monotonic() + timeout
+        for p in live:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(p, signal.SIGKILL)
+                p.wait()
+
+
+def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(p.pid, sig)
+
+
+def _worker_command(queues: str, concurrency: int, name: str, loglevel: str) -> list[str]:
+    return [sys.executable, "-m", "stitchsim_worker.cli", "worker", "--queues", queues,
+            "--concurrency", str(concurrency), "--name", name, "--loglevel", loglevel]
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    _apply_env(args)
+    settings = _settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    commands = []
+    if args.workers > 0:
+        commands.append(_worker_command("gpu", args.workers, "gpu@%h", args.loglevel))
+        # Spec checks get their own process, so a long job never delays a submission's 422.
+        commands.append(_worker_command("checks", 1, "checks@%h", args.loglevel))
+    mode = "Redis " + settings.redis_url if settings.redis_url else "embedded SQLite broker"
+    print(f"stitchsim-server: data in {settings.data_dir}, {mode}, "
+          f"http://{settings.host}:{settings.port}", flush=True)
+    if settings.embedded:
+        # Create the broker's tables once, before several workers race to.
+        from stitchsim_service.queue import JobQueue
+
+        JobQueue(settings).ping()
+    sup = Supervisor(commands)
+
+    def _exit(signum: int, _frame: object) -> None:
+        # uvicorn re-raises the signal that stopped it once it has shut down; turning it into
+        # SystemExit lets the finally below stop the workers instead of orphaning them.
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
+    sup.start()
+    try:
+        _run_gateway(settings.host, settings.port, args.loglevel)
+    finally:
+        sup.stop()
+    return 0
+
+
+def cmd_gateway(args: argparse.Namespace) -> int:
+    _apply_env(args)
+    settings = _settings()
+    _run_gateway(settings.host, settings.port, args.loglevel)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    _apply_env(args)
+    _settings()
+    from stitchsim_worker.celery_app import app
+
+    argv = ["worker", "--queues", args.queues, "--concurrency", str(args.concurrency),
+            "--loglevel", args.loglevel.upper(), "--without-gossip", "--without-mingle",
+            "--without-heartbeat", "--pool", "prefork"]
+    if args.name:
+        argv += ["--hostname", args.name]
+    app.worker_main(argv)
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    _apply_env(args)
+    from stitchsim_service.auth import create_key, list_keys, revoke_key
+    from stitchsim_service.db import get_database
+
+    db = get_database(_settings().resolved_database_url)
+    if args.keys_cmd == "create":
+        new = create_key(db, args.name)
+        print(f"id:  {new.id}\nkey: {new.key}\n(shown once: only its hash is stored)")
+    elif args.keys_cmd == "list":
+        for row in list_keys(db):
+            state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
+            print(f"{row.id}\t{row.name}\t{row.created_at:%Y-%m-%d %H:%M}\t{state}")
+    elif args.keys_cmd == "revoke":
+        if not revoke_key(db, args.id):
+            print(f"no active key {args.id}", file=sys.stderr)
+            return 1
+        print(f"revoked {args.id}")
+    return 0
+
+
+# ---------------------------------------------------------------- parser
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", help="data directory (STITCHSIM_DATA_DIR, default .stitchsim)")
+    p.add_argument("--redis-url", help="use Redis as broker (STITCHSIM_REDIS_URL)")
+    p.add_argument("--database-url", help="job table URL (STITCHSIM_DATABASE_URL)")
+    p.add_argument("--store-url", help="blob store dir or URL (STITCHSIM_STORE_URL)")
+    p.add_argument("--loglevel", default="info",
+                   choices=["debug", "info", "warning", "error", "critical"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stitchsim-server",
+        description="stitchsim server side: the HTTP gateway, Celery workers, one-off runs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("serve", help="gateway and workers in one go (embedded default: no "
+                                     "external server needed)")
+    _common(p)
+    p.add_argument("--host", help="bind address (STITCHSIM_HOST, default 127.0.0.1); beyond "
+                                  "loopback API keys are required")
+    p.add_argument("--port", type=int, help="port (STITCHSIM_PORT, default 8000)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="concurrent jobs (one per GPU); 0 = gateway only")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("gateway", help="the HTTP gateway alone (workers run elsewhere)")
+    _common(p)
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.set_defaults(func=cmd_gateway)
+
+    p = sub.add_parser("worker", help="a Celery worker (Redis deployments: run one per GPU)")
+    _common(p)
+    p.add_argument("--queues", default="gpu,checks",
+                   help="queues to consume: gpu (jobs), checks (submission-time spec checks)")
+    p.add_argument("--concurrency", type=int, default=1, help="jobs at once in this worker")
+    p.add_argument("--name", help="Celery node name, e.g. gpu0@%%h")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("keys", help="manage API keys (stored hashed)")
+    _common(p)
+    ks = p.add_subparsers(dest="keys_cmd", required=True)
+    c = ks.add_parser("create", help="create a key and print it once")
+    c.add_argument("name")
+    ks.add_parser("list", help="list keys (ids and names, never the keys)")
+    r = ks.add_parser("revoke", help="revoke a key by id")
+    r.add_argument("id")
+    p.set_defaults(func=cmd_keys)
+
+    try:
+        from stitchsim_worker.run_command import add_run_parser
+    except ImportError:
+        pass
+    else:
+        add_run_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: "
+                                                   "%(message)s")
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    rc = args.func(args)
+    return int(rc or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,200 @@
+"""Running one job in a worker: claim it in the job table, run the engine with a heartbeat,
+progress and cancel flag, store the report, record the outcome. Plain functions: the Celery
+tasks in tasks.py only call these."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import traceback
+from typing import Any
+
+from stitchsim.models import Progress, Spec
+from stitchsim_service import jobs
+from stitchsim_service.context import Context
+from stitchsim_service.store import object_key, report_key
+
+log = logging.getLogger("stitchsim.worker")
+
+
+def make_resources(ctx: Context) -> Any:
+    from stitchsim_worker.engine import Resources
+
+    cache = ctx.settings.resolved_cache_dir
+    cache.mkdir(parents=True, exist_ok=True)
+
+    def resolve(kind: str) -> Any:
+        def path(ref: str) -> Any:
+            try:
+                return ctx.store.local_path(object_key(kind, ref), cache)
+            except (FileNotFoundError, ValueError):
+                from stitchsim_worker.engine import SpecError
+
+                raise SpecError(f"{kind[:-1]} {ref} is not in the store", code="not_found"
+                                ) from None
+        return path
+
+    # Service jobs name stored objects only: a path in a spec must never reach the disk.
+    return Resources(cache_dir=cache, checkpoint_path=resolve("checkpoints"),
+                     dataset_path=resolve("datasets"), allow_local_paths=False)
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any] | None:
+    """None when the spec can run; else the error the gateway answers with (422)."""
+    from stitchsim_worker.engine import SpecError, check_spec
+
+    spec = Spec.model_validate(spec_doc)
+    try:
+        check_spec(spec, resources=make_resources(ctx))
+    except SpecError as exc:
+        return {"code": exc.code, "message": exc.message, "details": _jsonable(exc.details)}
+    return None
+
+
+class _Tracker:
+    """Heartbeat thread + progress + cancel flag for one attempt."""
+
+    def __init__(self, ctx: Context, claim: jobs.Claim):
+        self.ctx = ctx
+        self.claim = claim
+        self.period = min(ctx.settings.heartbeat_s, 1.0)
+        self._lock = threading.Lock()
+        self._progress = Progress(stage="starting")
+        self._dirty = True
+        self._stage_started = time.monotonic()
+        self._cancel = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stitchsim-heartbeat",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def progress(self, stage: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        with self._lock:
+            changed = stage != self._progress.stage
+            if changed:
+                self._stage_started = now
+            eta = None
+            if 0 < done < total:
+                eta = round((now - self._stage_started) / done * (total - done), 1)
+            elif total and done >= total:
+                eta = 0.0
+            self._progress = Progress(stage=stage, done=done, total=total, eta_s=eta)
+            self._dirty = True
+        if changed:
+            self._flush()
+
+    def should_cancel(self) -> bool:
+        return self._cancel.is_set()
+
+    def _flush(self) -> None:
+        with self._lock:
+            progress = self._progress if self._dirty else None
+            self._dirty = False
+        try:
+            if jobs.heartbeat(self.ctx, self.claim, progress):
+                self._cancel.set()
+        except Exception as exc:  # a busy table must not kill the job; the next beat retries
+            log.warning("heartbeat of job %s failed: %s", self.claim.job_id, exc)
+            with self._lock:
+                self._dirty = True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            self._flush()
+
+
+def _claim(ctx: Context, job_id: str, worker: str) -> jobs.Claim | None:
+    # A job that shows a fresh heartbeat is either run by a live duplicate, or its previous
+    # attempt died a moment ago (a killed pool child is requeued at once). Waiting a few
+    # heartbeat periods tells the two apart.
+    deadline = time.monotonic() + 3 * ctx.settings.heartbeat_s + 2
+    while True:
+        try:
+            return jobs.claim(ctx, job_id, worker)
+        except jobs.Busy:
+            if time.monotonic() > deadline:
+                log.info("job %s is running elsewhere; dropping this delivery", job_id)
+                return None
+            time.sleep(min(ctx.settings.heartbeat_s / 2, 1.0))
+
+
+def execute_job(ctx: Context, job_id: str, worker: str) -> str:
+    """Run one job to an outcome; returns the state recorded (or why nothing ran)."""
+    claim = _claim(ctx, job_id, worker)
+    if claim is None:
+        return "skipped"
+    log.info("job %s: attempt %d on %s", job_id, claim.attempt, worker)
+    tracker = _Tracker(ctx, claim)
+    tracker.start()
+    outcome: dict[str, Any]
+    try:
+        outcome = _run_engine(ctx, claim, tracker)
+    finally:
+        tracker.stop()
+    state = outcome.pop("state")
+    if not jobs.finish(ctx, claim, state, **outcome):
+        log.warning("job %s: attempt %d was superseded; outcome %s dropped", job_id,
+                    claim.attempt, state)
+        return "superseded"
+    log.info("job %s: %s", job_id, state)
+    return state
+
+
+def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> dict[str, Any]:
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    try:
+        from stitchsim_worker.engine import JobCancelled, SpecError, run_job
+    except Exception as exc:
+        log.exception("the engine cannot be imported")
+        return {"state": "failed", "error_code": "worker_broken",
+                "error_message": f"the worker cannot load its compute engine: {exc}"}
+    try:
+        spec = Spec.model_validate_json(claim.spec_json)
+        if tracker.should_cancel():
+            raise JobCancelled()
+        report = run_job(spec, resources=make_resources(ctx), progress=tracker.progress,
+                         should_cancel=tracker.should_cancel, job_id=claim.job_id)
+        key = report_key(claim.job_id)
+        ctx.store.put_bytes(key, report.model_dump_json().encode("utf-8"))
+        return {"state": "succeeded", "report_key": key}
+    except JobCancelled:
+        return {"state": "cancelled"}
+    except SpecError as exc:
+        return {"state": "failed", "error_code": exc.code, "error_message": exc.message,
+                "error_details": _jsonable(exc.details)}
+    except SoftTimeLimitExceeded:
+        limit = ctx.settings.job_time_limit_s
+        return {"state": "failed", "error_code": "time_limit",
+                "error_message": f"the job ran past the time limit ({limit} s, "
+                                 "STITCHSIM_JOB_TIME_LIMIT_S); ask for fewer stitch points, "
+                                 "epochs or IRI steps"}
+    except MemoryError:
+        return {"state": "failed", "error_code": "out_of_memory",
+                "error_message": "the worker ran out of memory; use a smaller batch size, "
+                                 "fewer samples or fewer stitch points"}
+    except Exception as exc:
+        if type(exc).__name__ == "OutOfMemoryError":  # torch's, without importing torch here
+            return {"state": "failed", "error_code": "out_of_memory",
+                    "error_message": "the GPU ran out of memory; use a smaller batch size or "
+                                     "fewer stitch points"}
+        log.error("job %s failed:\n%s", claim.job_id, traceback.format_exc())
+        return {"state": "failed", "error_code": "internal",
+                "error_message": f"the worker failed unexpectedly: {type(exc).__name__}: {exc}"}

@@ -1,0 +1,21 @@
+"""Celery tasks: thin wrappers; the work is in runner.py and the engine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stitchsim_service.queue import CHECK_TASK, RUN_TASK
+from stitchsim_worker.celery_app import app, worker_context
+from stitchsim_worker.runner import check_spec_doc, execute_job
+
+
+@app.task(name=RUN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True,
+          ignore_result=True)
+def run_job(self: Any, job_id: str) -> str:
+    return execute_job(worker_context(), job_id, self.request.hostname or "worker")
+
+
+# A check is worthless once the gateway stopped waiting: no redelivery, a short limit.
+@app.task(name=CHECK_TASK, acks_late=False, time_limit=120, soft_time_limit=110)
+def check_spec(spec: dict[str, Any]) -> dict[str, Any] | None:
+    return check_spec_doc(worker_context(), spec)
