@@ -18,12 +18,11 @@ from pathlib import Path
 
 import timm
 import torch
-
 from stitchsim.models import Spec
 from stitchsim_worker.engine import Resources, run_job
 from stitchsim_worker.engine.data import builtin
 from stitchsim_worker.engine.metrics import evaluate
-from stitchsim_worker.engine.models import ModelRef, build_model, save_checkpoint
+from stitchsim_worker.engine.models import build_model, save_checkpoint
 from stitchsim_worker.engine.stitch import LeastSquares, StitchLayer, rep_of
 from stitchsim_worker.engine.train import LOSSES
 
@@ -47,7 +46,9 @@ class _Hooked:
     def __init__(self, net: torch.nn.Module, preprocess):  # type: ignore[no-untyped-def]
         self.net, self.preprocess = net, preprocess
 
-    def run(self, x: torch.Tensor, capture: list[str], replace: tuple[str, torch.Tensor] | None = None):  # type: ignore[no-untyped-def]
+    def run(
+        self, x: torch.Tensor, capture: list[str], replace: tuple[str, torch.Tensor] | None = None
+    ):  # type: ignore[no-untyped-def]
         feats: dict[str, torch.Tensor] = {}
         handles = []
         if replace is not None:
@@ -83,8 +84,10 @@ def naive(spec: Spec, front_path: Path, back_path: Path) -> dict[tuple[str, str]
             a0 = hf.run(x_train[:2], [i])[1][0]
             b0 = hg.run(x_train[:2], [j])[1][0]
         for objective in spec.objectives:
-            stitch = StitchLayer(rep_of(tuple(a0.shape[1:]), prefix_tokens=0, output_fmt="NCHW"),
-                                 rep_of(tuple(b0.shape[1:]), prefix_tokens=0, output_fmt="NCHW"))
+            stitch = StitchLayer(
+                rep_of(tuple(a0.shape[1:]), prefix_tokens=0, output_fmt="NCHW"),
+                rep_of(tuple(b0.shape[1:]), prefix_tokens=0, output_fmt="NCHW"),
+            )
             n_init = len(x_train) if objective == "dm" else spec.train.init_samples
             ls = LeastSquares(stitch)
             for s in range(0, n_init, 256):
@@ -95,7 +98,9 @@ def naive(spec: Spec, front_path: Path, back_path: Path) -> dict[tuple[str, str]
             if objective != "dm":
                 settings = spec.train
                 steps = settings.epochs * math.ceil(len(y_train) / settings.batch_size)
-                opt = torch.optim.Adam(stitch.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+                opt = torch.optim.Adam(
+                    stitch.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+                )
                 sched = torch.optim.lr_scheduler.MultiStepLR(opt, [steps // 3, 2 * steps // 3], 0.1)
                 gen = torch.Generator().manual_seed(settings.seed)
                 for _ in range(settings.epochs):
@@ -108,7 +113,9 @@ def naive(spec: Spec, front_path: Path, back_path: Path) -> dict[tuple[str, str]
                             g_logits, g_feats = hg.run(xb, [j, *later])
                         z = stitch(a)
                         logits, h_later = hg.run(xb, later, replace=(j, z))
-                        loss = LOSSES[objective](logits, g_logits, y_train[idx], [z, *h_later], g_feats)
+                        loss = LOSSES[objective](
+                            logits, g_logits, y_train[idx], [z, *h_later], g_feats
+                        )
                         opt.zero_grad()
                         loss.backward()
                         opt.step()
@@ -122,7 +129,9 @@ def naive(spec: Spec, front_path: Path, back_path: Path) -> dict[tuple[str, str]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--arch", default="resnet18")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--layers", default="layer1,layer2,layer3")
@@ -131,11 +140,17 @@ def main() -> None:
         root = Path(tmp)
         front, back = _checkpoints(args.arch, root)
         layers = [{"front": n, "back": n} for n in args.layers.split(",")]
-        spec = Spec.model_validate({
-            "front": {"checkpoint": {"path": str(front)}}, "back": {"checkpoint": {"path": str(back)}},
-            "layers": layers, "objectives": OBJECTIVES, "protocols": ["standard"],
-            "directions": "front_to_back", "train": {"epochs": args.epochs},
-        })
+        spec = Spec.model_validate(
+            {
+                "front": {"checkpoint": {"path": str(front)}},
+                "back": {"checkpoint": {"path": str(back)}},
+                "layers": layers,
+                "objectives": OBJECTIVES,
+                "protocols": ["standard"],
+                "directions": "front_to_back",
+                "train": {"epochs": args.epochs},
+            }
+        )
         t0 = time.perf_counter()
         report = run_job(spec, resources=Resources(cache_dir=root / "cache"))
         t_engine = time.perf_counter() - t0
@@ -143,17 +158,21 @@ def main() -> None:
         reference = naive(spec, front, back)
         t_naive = time.perf_counter() - t0
     n = len(report.results)
-    print(f"job: {args.arch} on 32x32 digits ({report.dataset['n_train']} train / "
-          f"{report.dataset['n_test']} test), {len(layers)} stitch points x {len(OBJECTIVES)} objectives, "
-          f"{args.epochs} epochs, {torch.get_num_threads()} threads")
+    print(
+        f"job: {args.arch} on 32x32 digits ({report.dataset['n_train']} train / "
+        f"{report.dataset['n_test']} test), {len(layers)} stitch points x "
+        f"{len(OBJECTIVES)} objectives, {args.epochs} epochs, {torch.get_num_threads()} threads"
+    )
     print(f"engine: {t_engine:8.1f} s   ({t_engine / n:.2f} s per stitch)")
     print(f"naive:  {t_naive:8.1f} s   ({t_naive / n:.2f} s per stitch)")
     print(f"ratio:  {t_naive / t_engine:8.2f}x faster")
     worst = max(abs(r.agreement - reference[(r.front_layer, r.objective)]) for r in report.results)
     print(f"largest agreement difference engine vs naive: {worst:.2e}")
     for r in report.results:
-        print(f"  {r.front_layer:8s} {r.objective:5s} engine {r.agreement:.4f}  naive "
-              f"{reference[(r.front_layer, r.objective)]:.4f}")
+        print(
+            f"  {r.front_layer:8s} {r.objective:5s} engine {r.agreement:.4f}  naive "
+            f"{reference[(r.front_layer, r.objective)]:.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """IRI synthesis throughput beside its floor: one forward + backward of the front part per step.
 
-    python bench/iri_throughput.py [--arch resnet18] [--point layer3] [--n 512] [--steps 20]
+python bench/iri_throughput.py [--arch resnet18] [--point layer3] [--n 512] [--steps 20]
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from pathlib import Path
 
 import timm
 import torch
-
 from stitchsim.models import IRISettings, ModelRef
 from stitchsim_worker.engine.bank import BankBuilder
 from stitchsim_worker.engine.data import builtin
@@ -24,7 +23,9 @@ from stitchsim_worker.engine.network import Network
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--arch", default="resnet18")
     parser.add_argument("--point", default="layer3")
     parser.add_argument("--n", type=int, default=512)
@@ -36,8 +37,15 @@ def main() -> None:
     data = builtin("digits")
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.safetensors"
-        save_checkpoint(timm.create_model(args.arch, pretrained=False, num_classes=10), path, args.arch, {"num_classes": 10})
-        model = build_model(ModelRef(checkpoint={"path": str(path)}), path, "", where="front", native_size=32)
+        save_checkpoint(
+            timm.create_model(args.arch, pretrained=False, num_classes=10),
+            path,
+            args.arch,
+            {"num_classes": 10},
+        )
+        model = build_model(
+            ModelRef(checkpoint={"path": str(path)}), path, "", where="front", native_size=32
+        )
         net = Network(model, 32, device, "front")
         front = net.front(args.point)
         banks = BankBuilder(1 << 34)
@@ -49,10 +57,12 @@ def main() -> None:
         x = data.train.images[: args.batch_size].to(device)
         with torch.no_grad():
             target = front(x)
+
         def floor_step() -> None:
             xi = torch.rand_like(x).requires_grad_(True)
             d = per_sample_distance(front(xi), target)
             torch.autograd.grad(d.sum(), xi)
+
         floor_step()
         t0 = time.perf_counter()
         for _ in range(args.steps):
@@ -67,13 +77,17 @@ def main() -> None:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0
     rate = args.n * args.steps / seconds
-    print(f"IRI synthesis: {args.arch} up to {args.point}, {args.n} inputs x {args.steps} steps on {device} "
-          f"({torch.get_num_threads()} threads)")
+    print(
+        f"IRI synthesis: {args.arch} up to {args.point}, {args.n} inputs x {args.steps} steps "
+        f"on {device} ({torch.get_num_threads()} threads)"
+    )
     print(f"  synthesis: {rate:10.0f} input-steps/s  ({seconds:.1f} s)")
     print(f"  floor:     {floor:10.0f} input-steps/s  (one forward+backward of the front part)")
     print(f"  ratio:     {floor / rate:10.2f}x the floor (target <= 1.3x)")
-    print(f"  median relative distance: start {float(torch.tensor(start).median()):.3f} -> "
-          f"{float(torch.tensor(final).median()):.3f}")
+    print(
+        f"  median relative distance: start {float(torch.tensor(start).median()):.3f} -> "
+        f"{float(torch.tensor(final).median()):.3f}"
+    )
 
 
 if __name__ == "__main__":

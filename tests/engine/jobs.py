@@ -13,7 +13,10 @@ FAST_IRI = {"steps": 50, "step_size": 4 / 255}
 
 
 def spec(front: Path, back: Path, **fields: Any) -> Spec:
-    body = {"front": {"checkpoint": {"path": str(front)}}, "back": {"checkpoint": {"path": str(back)}}}
+    body = {
+        "front": {"checkpoint": {"path": str(front)}},
+        "back": {"checkpoint": {"path": str(back)}},
+    }
     body.setdefault("directions", "front_to_back")
     return Spec.model_validate({**body, "directions": "front_to_back", **fields})
 
@@ -23,7 +26,11 @@ def run(s: Spec, cache: Path, **resources: Any) -> Report:
 
 
 def rows(report: Report, **match: Any) -> list[ResultRow]:
-    found = [r for r in report.results + report.controls if all(getattr(r, k) == v for k, v in match.items())]
+    found = [
+        r
+        for r in report.results + report.controls
+        if all(getattr(r, k) == v for k, v in match.items())
+    ]
     assert found, f"no rows match {match}"
     return found
 

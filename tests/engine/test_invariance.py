@@ -11,11 +11,21 @@ from tests.engine.jobs import FAST, FAST_IRI, layers, rows, run, spec
 BOTH = ["standard", "invariance_aware"]
 
 
-def test_shortcut_front_loses_agreement_under_the_invariance_aware_protocol(ckpts, tmp_path: Path) -> None:
+def test_shortcut_front_loses_agreement_under_the_invariance_aware_protocol(
+    ckpts, tmp_path: Path
+) -> None:
     # The marker model solves the task from a corner marker; the clean model reads digits.
     # Standard stitching hides that; IRIs of the marker model keep the marker and nothing else.
-    s = spec(ckpts.marker_resnet, ckpts.digits_resnet, dataset="digits_marker", objectives=["slm"],
-             protocols=BOTH, layers=layers("layer3", "layer4"), train=FAST, iri=FAST_IRI)
+    s = spec(
+        ckpts.marker_resnet,
+        ckpts.digits_resnet,
+        dataset="digits_marker",
+        objectives=["slm"],
+        protocols=BOTH,
+        layers=layers("layer3", "layer4"),
+        train=FAST,
+        iri=FAST_IRI,
+    )
     report = run(s, tmp_path)
     for layer in ("layer3", "layer4"):
         standard = rows(report, front_layer=layer, protocol="standard")[0]
@@ -27,15 +37,29 @@ def test_shortcut_front_loses_agreement_under_the_invariance_aware_protocol(ckpt
 
 
 def test_identical_models_keep_high_invariance_aware_agreement(ckpts, tmp_path: Path) -> None:
-    s = spec(ckpts.digits_resnet, ckpts.digits_resnet, objectives=["slm", "dm"], protocols=["invariance_aware"],
-             layers=layers("layer2", "layer4"), train=FAST, iri=FAST_IRI)
+    s = spec(
+        ckpts.digits_resnet,
+        ckpts.digits_resnet,
+        objectives=["slm", "dm"],
+        protocols=["invariance_aware"],
+        layers=layers("layer2", "layer4"),
+        train=FAST,
+        iri=FAST_IRI,
+    )
     for r in run(s, tmp_path).results:
         assert r.agreement >= 0.9, (r.objective, r.front_layer, r.agreement)
 
 
 def test_iris_converge_and_are_reused_from_the_cache(ckpts, tmp_path: Path) -> None:
-    s = spec(ckpts.digits_resnet, ckpts.digits_resnet_b, objectives=["dm"], protocols=["invariance_aware"],
-             layers=layers("layer3"), train=FAST, iri=FAST_IRI)
+    s = spec(
+        ckpts.digits_resnet,
+        ckpts.digits_resnet_b,
+        objectives=["dm"],
+        protocols=["invariance_aware"],
+        layers=layers("layer3"),
+        train=FAST,
+        iri=FAST_IRI,
+    )
     first = run(s, tmp_path)
     stats = first.results[0].iri
     assert stats is not None and not stats.cache_hit
@@ -55,8 +79,15 @@ def test_iris_converge_and_are_reused_from_the_cache(ckpts, tmp_path: Path) -> N
 
 
 def test_corrupt_and_partial_cache_entries_are_rebuilt(ckpts, tmp_path: Path) -> None:
-    s = spec(ckpts.digits_resnet, ckpts.digits_resnet_b, objectives=["dm"], protocols=["invariance_aware"],
-             layers=layers("layer4"), train=FAST, iri={"steps": 10})
+    s = spec(
+        ckpts.digits_resnet,
+        ckpts.digits_resnet_b,
+        objectives=["dm"],
+        protocols=["invariance_aware"],
+        layers=layers("layer4"),
+        train=FAST,
+        iri={"steps": 10},
+    )
     clean = run(s, tmp_path).results[0]
     (entry,) = [p.parent for p in (tmp_path / "iri").rglob("meta.json")]
     images = np.load(entry / "images.npy", mmap_mode="r+")
@@ -74,16 +105,31 @@ def test_corrupt_and_partial_cache_entries_are_rebuilt(ckpts, tmp_path: Path) ->
 
 
 def test_unconverged_iris_are_flagged(ckpts, tmp_path: Path) -> None:
-    s = spec(ckpts.digits_resnet, ckpts.digits_resnet, objectives=["dm"], protocols=["invariance_aware"],
-             layers=layers("layer1"), train=FAST, iri={"steps": 2})
+    s = spec(
+        ckpts.digits_resnet,
+        ckpts.digits_resnet,
+        objectives=["dm"],
+        protocols=["invariance_aware"],
+        layers=layers("layer1"),
+        train=FAST,
+        iri={"steps": 2},
+    )
     report = run(s, tmp_path)
     assert not report.results[0].iri.converged
     assert any("did not converge" in w and "layer1" in w for w in report.warnings)
 
 
 def test_both_directions_and_the_shortcut_control(ckpts, tmp_path: Path) -> None:
-    s = spec(ckpts.marker_resnet, ckpts.digits_resnet, objectives=["slm"], protocols=BOTH,
-             layers=layers("layer4"), train=FAST, iri=FAST_IRI, controls=["shortcut", "identity"])
+    s = spec(
+        ckpts.marker_resnet,
+        ckpts.digits_resnet,
+        objectives=["slm"],
+        protocols=BOTH,
+        layers=layers("layer4"),
+        train=FAST,
+        iri=FAST_IRI,
+        controls=["shortcut", "identity"],
+    )
     s = s.model_copy(update={"directions": "both"})
     report = run(s, tmp_path)
     assert {r.direction for r in report.results} == {"front_to_back", "back_to_front"}

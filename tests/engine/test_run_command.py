@@ -40,7 +40,16 @@ def test_run_writes_the_report_and_prints_the_table(ckpts, tmp_path: Path) -> No
     spec = _spec(tmp_path, ckpts)
     out = tmp_path / "report.json"
     # Run from elsewhere: checkpoint paths are relative to the spec file.
-    done = _run("run", str(spec), "--out", str(out), "--quiet", "--cache-dir", str(tmp_path / "c"), cwd=Path("/"))
+    done = _run(
+        "run",
+        str(spec),
+        "--out",
+        str(out),
+        "--quiet",
+        "--cache-dir",
+        str(tmp_path / "c"),
+        cwd=Path("/"),
+    )
     assert done.returncode == 0, done.stderr
     report = Report.model_validate_json(out.read_text())
     assert report.verdict == "similar"

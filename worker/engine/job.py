@@ -33,7 +33,7 @@ from stitchsim_worker.engine.data import (
     load_dataset,
 )
 from stitchsim_worker.engine.device import pick_device
-from stitchsim_worker.engine.errors import SpecError
+from stitchsim_worker.engine.errors import JobCancelled, SpecError
 from stitchsim_worker.engine.metrics import accuracy_with_ci, evaluate, seed_interval
 from stitchsim_worker.engine.models import build_model
 from stitchsim_worker.engine.network import Network, pair_points
@@ -194,8 +194,6 @@ class _Job:
 
     def _iri_step(self) -> None:
         if self.tracker.should_cancel():
-            from stitchsim_worker.engine.errors import JobCancelled
-
             raise JobCancelled()
         self.tracker.step()
 

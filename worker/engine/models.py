@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,6 @@ class LoadedModel:
     num_classes: int
     num_prefix_tokens: int = 0
     output_fmt: str = "NCHW"
-    extras: dict[str, Any] = field(default_factory=dict)
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.net(self.preprocess(pixels))
@@ -180,6 +179,30 @@ def _preprocess(
     return Preprocess(int(size), tuple(float(m) for m in mean), tuple(float(s) for s in std))
 
 
+def _loaded(
+    net: nn.Module, arch: str, kwargs: dict[str, Any], checkpoint: str, preprocess: Preprocess
+) -> LoadedModel:
+    net.eval().requires_grad_(False)
+    return LoadedModel(
+        net=net,
+        arch=arch,
+        arch_kwargs=kwargs,
+        checkpoint=checkpoint,
+        preprocess=preprocess,
+        num_classes=_num_classes(net),
+        num_prefix_tokens=int(getattr(net, "num_prefix_tokens", 0) or 0),
+        output_fmt=str(getattr(net, "output_fmt", "NCHW")),
+    )
+
+
+def random_model(arch: str, kwargs: dict[str, Any], native_size: int = 32) -> LoadedModel:
+    """An architecture with random weights: enough to list stitch points and shapes."""
+    check_arch_name(arch, "arch")
+    net = _create(arch, kwargs, "arch")
+    ref = ModelRef(checkpoint="-", arch=arch, arch_kwargs=kwargs)
+    return _loaded(net, arch, kwargs, "", _preprocess(ref, {}, net, native_size, "arch"))
+
+
 def build_model(
     ref: ModelRef, path: Path, checkpoint_id: str, *, where: str, native_size: int
 ) -> LoadedModel:
@@ -194,17 +217,8 @@ def build_model(
             f"{where}: checkpoint does not fit {arch} {kwargs}: {problem}", code="weights_mismatch"
         )
     net.load_state_dict(sd, strict=True)
-    net.eval().requires_grad_(False)
-    return LoadedModel(
-        net=net,
-        arch=arch,
-        arch_kwargs=kwargs,
-        checkpoint=checkpoint_id or path.name,
-        preprocess=_preprocess(ref, meta, net, native_size, where),
-        num_classes=_num_classes(net),
-        num_prefix_tokens=int(getattr(net, "num_prefix_tokens", 0) or 0),
-        output_fmt=str(getattr(net, "output_fmt", "NCHW")),
-    )
+    preprocess = _preprocess(ref, meta, net, native_size, where)
+    return _loaded(net, arch, kwargs, checkpoint_id or path.name, preprocess)
 
 
 def save_checkpoint(net: nn.Module, path: Path, arch: str, arch_kwargs: dict[str, Any]) -> None:
