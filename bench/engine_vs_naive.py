@@ -21,7 +21,7 @@ import torch
 from stitchsim.models import Spec
 from stitchsim_worker.engine import Resources, run_job
 from stitchsim_worker.engine.data import builtin
-from stitchsim_worker.engine.metrics import evaluate
+from stitchsim_worker.engine.metrics import evaluate, relative_distance
 from stitchsim_worker.engine.models import build_model, save_checkpoint
 from stitchsim_worker.engine.stitch import LeastSquares, StitchLayer, rep_of
 from stitchsim_worker.engine.train import LOSSES
@@ -88,38 +88,41 @@ def naive(spec: Spec, front_path: Path, back_path: Path) -> dict[tuple[str, str]
                 rep_of(tuple(a0.shape[1:]), prefix_tokens=0, output_fmt="NCHW"),
                 rep_of(tuple(b0.shape[1:]), prefix_tokens=0, output_fmt="NCHW"),
             )
-            n_init = len(x_train) if objective == "dm" else spec.train.init_samples
+            n_init = spec.train.init_samples
             ls = LeastSquares(stitch)
             for s in range(0, n_init, 256):
                 with torch.no_grad():
                     xb = x_train[s : min(n_init, s + 256)]
                     ls.add(hf.run(xb, [i])[1][0], hg.run(xb, [j])[1][0])
             ls.solve()
-            if objective != "dm":
-                settings = spec.train
-                steps = settings.epochs * math.ceil(len(y_train) / settings.batch_size)
-                opt = torch.optim.Adam(
-                    stitch.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
-                )
-                sched = torch.optim.lr_scheduler.MultiStepLR(opt, [steps // 3, 2 * steps // 3], 0.1)
-                gen = torch.Generator().manual_seed(settings.seed)
-                for _ in range(settings.epochs):
-                    order = torch.randperm(len(y_train), generator=gen)
-                    for s in range(0, len(order), settings.batch_size):
-                        idx = order[s : s + settings.batch_size].sort().values
-                        xb = x_train[idx]
-                        with torch.no_grad():
-                            a = hf.run(xb, [i])[1][0]  # the whole front network, every step
-                            g_logits, g_feats = hg.run(xb, [j, *later])
-                        z = stitch(a)
+            # Published code iterates for dm too; the engine solves it in closed form.
+            settings = spec.train
+            steps = settings.epochs * math.ceil(len(y_train) / settings.batch_size)
+            opt = torch.optim.Adam(
+                stitch.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+            )
+            sched = torch.optim.lr_scheduler.MultiStepLR(opt, [steps // 3, 2 * steps // 3], 0.1)
+            gen = torch.Generator().manual_seed(settings.seed)
+            for _ in range(settings.epochs):
+                order = torch.randperm(len(y_train), generator=gen)
+                for s in range(0, len(order), settings.batch_size):
+                    idx = order[s : s + settings.batch_size].sort().values
+                    xb = x_train[idx]
+                    with torch.no_grad():
+                        a = hf.run(xb, [i])[1][0]  # the whole front network, every step
+                        g_logits, g_feats = hg.run(xb, [j, *later])
+                    z = stitch(a)
+                    if objective == "dm":
+                        loss = relative_distance(z, g_feats[0])
+                    else:
                         logits, h_later = hg.run(xb, later, replace=(j, z))
                         loss = LOSSES[objective](
                             logits, g_logits, y_train[idx], [z, *h_later], g_feats
                         )
-                        opt.zero_grad()
-                        loss.backward()
-                        opt.step()
-                        sched.step()
+                    opt.zero_grad()
+                    loss.backward()
+                    opt.step()
+                    sched.step()
             with torch.no_grad():
                 a = hf.run(x_test, [i])[1][0]
                 h_logits = hg.run(x_test, [], replace=(j, stitch(a)))[0]

@@ -200,8 +200,8 @@ class ServiceHandle:
         return sorted(f for f in files if not Path(f).name.startswith(".ping"))
 
     def wait_job(self, job_id: str, key: str | None = "default", timeout: float = 180,
-                 states: tuple[str, ...] = ("succeeded", "failed", "cancelled")
-                 ) -> list[dict[str, Any]]:
+                 states: tuple[str, ...] = ("succeeded", "failed", "cancelled"),
+                 interval: float = 0.2) -> list[dict[str, Any]]:
         """Poll until the job reaches one of states; returns every status seen."""
         seen = []
         with self.client(key) as c:
@@ -212,7 +212,7 @@ class ServiceHandle:
                 seen.append(r.json())
                 if seen[-1]["state"] in states:
                     return seen
-                time.sleep(0.2)
+                time.sleep(interval)
         raise AssertionError(f"job {job_id} still {seen[-1]['state'] if seen else '?'} after "
                              f"{timeout} s\n{self.logs()}")
 
