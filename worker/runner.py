@@ -71,7 +71,7 @@ class _Tracker:
         self._lock = threading.Lock()
         self._progress = Progress(stage="starting")
         self._dirty = True
-        self._stage_started = time.monotonic()
+        self._started = time.monotonic()
         self._cancel = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stitchsim-heartbeat",
@@ -85,14 +85,13 @@ class _Tracker:
         self._thread.join(timeout=10)
 
     def progress(self, stage: str, done: int, total: int) -> None:
+        # The engine counts done/total over the whole job, so the ETA is the job's rate so far.
         now = time.monotonic()
         with self._lock:
             changed = stage != self._progress.stage
-            if changed:
-                self._stage_started = now
             eta = None
             if 0 < done < total:
-                eta = round((now - self._stage_started) / done * (total - done), 1)
+                eta = round((now - self._started) / done * (total - done), 1)
             elif total and done >= total:
                 eta = 0.0
             self._progress = Progress(stage=stage, done=done, total=total, eta_s=eta)

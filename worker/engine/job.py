@@ -170,8 +170,7 @@ class _Job:
 
     def _iris(self, f: Network, f_id: dict, i: str, pixels: Bank, digest: str) -> iri_mod.IRIResult:
         key = iri_mod.cache_key(f_id, i, digest, self.spec.iri)
-        steps = self.spec.iri.steps * math.ceil(pixels.n / self.spec.iri.batch_size)
-        self.tracker.plan(steps)
+        steps = _iri_units(self.spec, pixels.n)
         result = iri_mod.get_iris(
             key=key,
             cache=self.cache,
@@ -499,26 +498,30 @@ class _Job:
 # ---------------------------------------------------------------- planning and summary
 
 
+def _iri_units(spec: Spec, n_train: int) -> int:
+    return spec.iri.steps * math.ceil(n_train / spec.iri.batch_size)
+
+
 def _plan_units(spec: Spec, prep: Prepared) -> int:
-    """A rough count of batches, for progress and ETA (IRI units are added when they start)."""
+    """A rough count of batches through a network part, for progress and ETA."""
     n_tr, n_te = len(prep.data.train), len(prep.data.test)
     bs = spec.train.batch_size
-    per_fit = sum(
-        (math.ceil(n_tr / EVAL_BATCH) if o == "dm" else spec.train.epochs * math.ceil(n_tr / bs))
-        * spec.train.seeds
+    per_fit = spec.train.seeds * sum(
+        math.ceil(n_tr / EVAL_BATCH) if o == "dm" else spec.train.epochs * math.ceil(n_tr / bs)
         for o in spec.objectives
     )
-    per_pair = 3 * math.ceil(n_te / EVAL_BATCH) + len(spec.protocols) * (
-        2 * math.ceil(n_tr / EVAL_BATCH) + per_fit
+    iri = _iri_units(spec, n_tr) if "invariance_aware" in spec.protocols else 0
+    per_run = (
+        3 * math.ceil(n_te / EVAL_BATCH)
+        + len(spec.protocols) * (2 * math.ceil(n_tr / EVAL_BATCH) + per_fit)
+        + iri
     )
-    n_dir = len(spec.direction_list())
-    controls = sum(
-        {"identity": 1, "clustered_noise": len(spec.control_settings.noise_sigmas), "shortcut": 1}[
-            c
-        ]
+    runs = 1 + sum(
+        len(spec.control_settings.noise_sigmas) if c == "clustered_noise" else 1
         for c in spec.controls
     )
-    return 2 * math.ceil(n_te / EVAL_BATCH) + n_dir * len(prep.pairs) * per_pair * (1 + controls)
+    n_dir = len(spec.direction_list())
+    return 2 * math.ceil(n_te / EVAL_BATCH) + n_dir * len(prep.pairs) * per_run * runs
 
 
 def summarise(spec: Spec, rows: list[ResultRow]) -> Summary:
