@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from html import escape
-from typing import Any, overload
+from typing import Any
 
 import matplotlib
 from matplotlib.axes import Axes
@@ -891,26 +891,6 @@ def _details_section(report: Report) -> str:
     )
 
 
-def _report_page(report: Report) -> str:
-    directions = _directions(report)
-    agreement = [agreement_plot(report, d) for d in directions]
-    iri = [p for p in (iri_plot(report, d) for d in directions) if p is not None]
-    body = "".join([
-        _header(report),
-        _verdict_section(report),
-        _warnings_section(report),
-        _models_section(report),
-        _summary_section(report),
-        _agreement_section(report, agreement),
-        _controls_section(report),
-        _iri_section(report, iri),
-        _results_section(report),
-        _details_section(report),
-    ])
-    title = f"stitchsim: {report.front.arch} vs {report.back.arch} — {verdict_sentence(report)[0]}"
-    return _document(title, body)
-
-
 # ------------------------------------------------------------------ progress page
 
 
@@ -1001,27 +981,29 @@ def render_progress_page(job: JobStatus) -> str:
     return _document(f"stitchsim job {job.id}: {job.state}", "".join(parts), refresh_s=refresh)
 
 
+def render_report_page(report: Report) -> str:
+    """The finished job's report as one self-contained HTML page."""
+    directions = _directions(report)
+    agreement = [agreement_plot(report, d) for d in directions]
+    iri = [p for p in (iri_plot(report, d) for d in directions) if p is not None]
+    body = "".join([
+        _header(report),
+        _verdict_section(report),
+        _warnings_section(report),
+        _models_section(report),
+        _summary_section(report),
+        _agreement_section(report, agreement),
+        _controls_section(report),
+        _iri_section(report, iri),
+        _results_section(report),
+        _details_section(report),
+    ])
+    title = f"stitchsim: {report.front.arch} vs {report.back.arch} — {verdict_sentence(report)[0]}"
+    return _document(title, body)
+
+
 def render_job_page(job: JobStatus, report: Report | None) -> str:
     """The page of GET /jobs/{id}/report.html: the report once there is one, else progress."""
     if report is not None:
-        return _report_page(report)
+        return render_report_page(report)
     return render_progress_page(job)
-
-
-@overload
-def render_report_page(report: Report) -> str: ...
-
-
-@overload
-def render_report_page(report: JobStatus, finished: Report | None) -> str: ...
-
-
-def render_report_page(report: Report | JobStatus, finished: Report | None = None) -> str:
-    """The finished job's report as one self-contained HTML page.
-
-    Also accepts (job, report-or-None), the form the gateway's router first called; that is
-    `render_job_page`, which new callers should use.
-    """
-    if isinstance(report, JobStatus):
-        return render_job_page(report, finished)
-    return _report_page(report)

@@ -14,6 +14,7 @@ from stitchsim.models import ErrorInfo, JobStatus, Progress, Report, Spec
 from stitchsim_service.report_page import (
     REFRESH_SECONDS,
     control_band,
+    render_job_page,
     render_progress_page,
     render_report_page,
 )
@@ -195,3 +196,10 @@ def test_every_plot_has_the_same_width() -> None:
     widths = set(re.findall(r'<svg [^>]*width="([^"]+)"', render_report_page(one)))
     widths |= set(re.findall(r'<svg [^>]*width="([^"]+)"', render_report_page(full)))
     assert len(widths) == 1, widths
+
+
+def test_job_page_is_the_report_once_there_is_one() -> None:
+    report = make_sample_report()
+    assert render_job_page(_job("succeeded"), report) == render_report_page(report)
+    running = _job("running")
+    assert render_job_page(running, None) == render_progress_page(running)
