@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from stitchsim.models import IRISettings, IRIStats
 from stitchsim_worker.engine.bank import Bank, BankBuilder
+from stitchsim_worker.engine.data import file_sha256
 from stitchsim_worker.engine.device import autocast
 from stitchsim_worker.engine.metrics import per_sample_distance
 
@@ -53,14 +54,6 @@ def cache_key(
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 class IRICache:
     """Entries are directories written whole, then renamed into place; every file's hash is
     recorded and checked on load, so a partial or corrupt entry is rebuilt, never used."""
@@ -79,7 +72,7 @@ class IRICache:
         try:
             meta = json.loads(meta_path.read_text())
             for name, digest in meta["files"].items():
-                if _sha256(entry / name) != digest:
+                if file_sha256(entry / name) != digest:
                     raise ValueError(f"{name} does not match its recorded hash")
             images = np.load(entry / "images.npy", mmap_mode="r")
             start = np.load(entry / "start.npy")
@@ -106,7 +99,7 @@ class IRICache:
         del out
         np.save(tmp / "start.npy", start)
         np.save(tmp / "final.npy", final)
-        files = {name: _sha256(tmp / name) for name in ("images.npy", "start.npy", "final.npy")}
+        files = {name: file_sha256(tmp / name) for name in ("images.npy", "start.npy", "final.npy")}
         (tmp / "meta.json").write_text(json.dumps({**meta, "files": files}))
         if (entry / "meta.json").exists():  # a concurrent job finished the same entry first
             shutil.rmtree(tmp, ignore_errors=True)

@@ -7,6 +7,7 @@ import platform
 import time
 from dataclasses import dataclass
 from itertools import product
+from typing import Any
 
 import numpy as np
 import timm
@@ -59,6 +60,10 @@ class Prepared:
     pairs: list[tuple[str, str]]  # (front model point, back model point)
     front_id: dict[str, object]
     back_id: dict[str, object]
+
+    @property
+    def ids(self) -> dict[str, dict[str, object]]:
+        return {"front": self.front_id, "back": self.back_id}
 
 
 def _network(
@@ -309,70 +314,58 @@ class _Job:
         iris = self._iris(f, f_id, i, pixels, digest)
         return self._split(f, i, g, j, iris.images, labels, fula), iris.stats
 
+    def _protocol_rows(
+        self,
+        direction: Direction,
+        pair: tuple[str, str],
+        f: Network,
+        f_id: dict,
+        i: str,
+        g: Network,
+        j: str,
+        test: Split,
+        **extra: Any,
+    ) -> list[ResultRow]:
+        """Every protocol and objective for one stitch f<=i -> g>j, evaluated on `test`."""
+        rows = []
+        for protocol in self.spec.protocols:
+            if protocol == "invariance_aware":
+                self.tracker.enter(f"iri {f.where} {i}")
+            train, stats = self.train_split(
+                protocol, f, f_id, i, g, j, self.train_pixels, self.data.digest
+            )
+            self.tracker.enter(f"train {direction} {i}->{j} {protocol}")
+            for objective in self.spec.objectives:
+                logits, loss, stitch, secs = self.fit(f, i, g, j, objective, train, [test])
+                h_logits = [lg[0] for lg in logits]
+                rows.append(
+                    self.row(direction, pair, objective, protocol, h_logits, test, loss, stitch,
+                             secs, iri=stats, **extra)
+                )  # fmt: skip
+        return rows
+
     def compare(self, direction: Direction) -> list[ResultRow]:
         f, g, f_name, g_name = self._nets(direction)
-        f_id = self.prep.front_id if f_name == "front" else self.prep.back_id
         rows = []
         for pair in self.prep.pairs:
             i, j = pair if direction == "front_to_back" else (pair[1], pair[0])
             self.tracker.enter(f"stitch {direction} {i}->{j}")
             test = self._test_split(f, i, g, j, g_name)
-            for protocol in self.spec.protocols:
-                if protocol == "invariance_aware":
-                    self.tracker.enter(f"iri {f.where} {i}")
-                train, stats = self.train_split(
-                    protocol, f, f_id, i, g, j, self.train_pixels, self.data.digest
-                )
-                self.tracker.enter(f"train {direction} {i}->{j} {protocol}")
-                for objective in self.spec.objectives:
-                    logits, loss, stitch, secs = self.fit(f, i, g, j, objective, train, [test])
-                    rows.append(
-                        self.row(
-                            direction,
-                            pair,
-                            objective,
-                            protocol,
-                            [lg[0] for lg in logits],
-                            test,
-                            loss,
-                            stitch,
-                            secs,
-                            iri=stats,
-                        )
-                    )
+            rows += self._protocol_rows(direction, pair, f, self.prep.ids[f_name], i, g, j, test)
         return rows
 
     # ---- controls
 
     def identity(self, direction: Direction) -> list[ResultRow]:
         _, g, _, g_name = self._nets(direction)
-        g_id = self.prep.back_id if g_name == "back" else self.prep.front_id
         rows = []
         for pair in self.prep.pairs:
             j = pair[1] if direction == "front_to_back" else pair[0]
             self.tracker.enter(f"control identity {g.where} {j}")
             test = self._test_split(g, j, g, j, g_name)
-            for protocol in self.spec.protocols:
-                train, stats = self.train_split(
-                    protocol, g, g_id, j, g, j, self.train_pixels, self.data.digest
-                )
-                for objective in self.spec.objectives:
-                    logits, loss, stitch, secs = self.fit(g, j, g, j, objective, train, [test])
-                    rows.append(
-                        self.row(
-                            direction,
-                            pair,
-                            objective,
-                            protocol,
-                            [lg[0] for lg in logits],
-                            test,
-                            loss,
-                            stitch,
-                            secs,
-                            iri=stats,
-                            control="identity",
-                        )
-                    )
+            rows += self._protocol_rows(
+                direction, pair, g, self.prep.ids[g_name], j, g, j, test, control="identity"
+            )
         return rows
 
     def _noise_split(
@@ -424,7 +417,7 @@ class _Job:
 
     def shortcut(self, direction: Direction) -> list[ResultRow]:
         f, g, f_name, _ = self._nets(direction)
-        f_id = self.prep.front_id if f_name == "front" else self.prep.back_id
+        f_id = self.prep.ids[f_name]
         side = self.spec.control_settings.shortcut_marker
         k = self.data.n_classes
         train_x = self._bank(add_marker(self.data.train.images, self.data.train.labels, side))
