@@ -27,5 +27,7 @@ status=0
 stitchsim check "$demo/models/reference.safetensors" "$demo/models/retrained.safetensors" \
   --spec examples/demo-spec.json --threshold 0.8 --json "$demo/report.json" || status=$?
 echo "exit code $status (0: similar, 1: below threshold); report: $demo/report.json"
+echo "(two seeds of a tiny model agree under the standard protocol; the invariance-aware"
+echo " protocol shows how much of that agreement rests on invariances they do not share)"
 job=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['job_id'])" "$demo/report.json" 2>/dev/null || true)
 [ -n "$job" ] && echo "page with plots: $STITCHSIM_URL/jobs/$job/report.html"

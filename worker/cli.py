@@ -152,10 +152,10 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     _apply_env(args)
-    _settings()
+    concurrency = args.concurrency or _settings().worker_concurrency
     from stitchsim_worker.celery_app import app
 
-    argv = ["worker", "--queues", args.queues, "--concurrency", str(args.concurrency),
+    argv = ["worker", "--queues", args.queues, "--concurrency", str(concurrency),
             "--loglevel", args.loglevel.upper(), "--without-gossip", "--without-mingle",
             "--without-heartbeat", "--pool", "prefork"]
     if args.name:
@@ -223,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--queues", default="gpu,checks",
                    help="queues to consume: gpu (jobs), checks (submission-time spec checks)")
-    p.add_argument("--concurrency", type=int, default=1, help="jobs at once in this worker")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="jobs at once in this worker (STITCHSIM_WORKER_CONCURRENCY, default 1)")
     p.add_argument("--name", help="Celery node name, e.g. gpu0@%%h")
     p.set_defaults(func=cmd_worker)
 

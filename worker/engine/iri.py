@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,7 +88,8 @@ class IRICache:
         self, key: str, images: Bank, start: np.ndarray, final: np.ndarray, meta: dict
     ) -> None:
         entry = self._dir(key)
-        tmp = entry.with_name(f".{key}.{os.getpid()}.tmp")
+        # Workers on other hosts may share this cache and reuse pids: a random name is unique.
+        tmp = entry.with_name(f".{key}.{uuid.uuid4().hex}.tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         out = np.lib.format.open_memmap(
@@ -105,7 +107,13 @@ class IRICache:
             shutil.rmtree(tmp, ignore_errors=True)
             return
         shutil.rmtree(entry, ignore_errors=True)  # a partial entry left by a dead writer
-        os.replace(tmp, entry)
+        try:
+            os.replace(tmp, entry)
+        except OSError:
+            # Another writer's complete entry landed in between: keep theirs.
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (entry / "meta.json").exists():
+                raise
 
 
 def synthesize(
