@@ -72,6 +72,8 @@ class BankBuilder:
 
     def _spill_path(self) -> Path:
         if self._tmp is None:
+            if self._spill_root is not None:
+                self._spill_root.mkdir(parents=True, exist_ok=True)
             self._tmp = tempfile.TemporaryDirectory(prefix="stitchsim-bank-", dir=self._spill_root)
         self._count += 1
         return Path(self._tmp.name) / f"bank{self._count}.npy"
