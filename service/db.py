@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -174,12 +175,12 @@ class Database:
     def create_schema(self) -> None:
         # Several processes start at once (gateway, workers): a lost race to create a table is
         # fine, the winner created it.
-        for _ in range(3):
+        for attempt in range(10):
             try:
                 Base.metadata.create_all(self.engine)
                 return
             except (OperationalError, ProgrammingError):
-                continue
+                time.sleep(0.1 * (attempt + 1))
         Base.metadata.create_all(self.engine)
 
     @contextmanager
@@ -206,9 +207,11 @@ def _sqlite_pragmas(engine: Engine) -> None:
         # Let us issue BEGIN ourselves (pysqlite's own transaction handling is incompatible).
         dbapi_conn.isolation_level = None
         cur = dbapi_conn.cursor()
+        # The busy timeout first: switching to WAL needs a lock that a process starting beside
+        # this one may hold for a moment.
+        cur.execute("PRAGMA busy_timeout=30000")
         cur.execute("PRAGMA journal_mode=WAL")
         cur.execute("PRAGMA synchronous=NORMAL")
-        cur.execute("PRAGMA busy_timeout=30000")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
 

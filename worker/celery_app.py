@@ -74,7 +74,16 @@ class _Presence:
         self.queues = ""
 
     def run(self) -> None:
-        ctx = worker_context()
+        ctx = None
+        while ctx is None:
+            try:
+                ctx = worker_context()
+            except Exception as exc:
+                # Processes starting together can find the job table locked for a moment; a
+                # worker that never registers would never be seen as ready.
+                log.warning("job table not reachable yet (%s); retrying", exc)
+                if self.stop.wait(1.0):
+                    return
         period = min(5.0, ctx.settings.heartbeat_s)
         while True:
             try:
