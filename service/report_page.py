@@ -44,6 +44,8 @@ from stitchsim.models import (
     Report,
     ResultRow,
 )
+from stitchsim.table import fmt as _num
+from stitchsim.table import fmt_signed as _signed
 
 # Okabe & Ito's palette: distinguishable with every common form of colour blindness. Each
 # series also differs in line style and marker, so the plots survive greyscale printing.
@@ -123,18 +125,6 @@ _RC: dict[str, Any] = {
 
 def _esc(value: object) -> str:
     return escape(str(value), quote=True)
-
-
-def _num(value: float | None, digits: int = 3) -> str:
-    if value is None or not math.isfinite(value):
-        return "n/a"
-    return f"{value:.{digits}f}"
-
-
-def _signed(value: float | None) -> str:
-    if value is None or not math.isfinite(value):
-        return "n/a"
-    return f"{value:+.3f}"
 
 
 def _ci(ci: Sequence[float] | None, digits: int = 3) -> str:

@@ -31,20 +31,20 @@ def _clean(text: str, limit: int = MAX_NAME) -> str:
     return safe[: (keep + 1) // 2] + "..." + safe[len(safe) - keep // 2 :]
 
 
-def _num(value: float | None, digits: int = 3) -> str:
+def fmt(value: float | None, digits: int = 3) -> str:
     if value is None or not math.isfinite(value):
         return "n/a"
     return f"{value:.{digits}f}"
 
 
-def _signed(value: float | None) -> str:
+def fmt_signed(value: float | None) -> str:
     if value is None or not math.isfinite(value):
         return "n/a"
     return f"{value:+.3f}"
 
 
 def _with_ci(value: float, ci: Sequence[float]) -> str:
-    return f"{_num(value)} [{_num(ci[0])}, {_num(ci[1])}]"
+    return f"{fmt(value)} [{fmt(ci[0])}, {fmt(ci[1])}]"
 
 
 def _align(headers: Sequence[str], rows: Iterable[Sequence[str]], numeric: set[int]) -> list[str]:
@@ -92,8 +92,8 @@ def results_lines(report: Report) -> list[str]:
                "hard agr", "accuracy", "penalty"]
     rows = [
         [DIRECTION[r.direction], _layers(r), r.objective, r.protocol,
-         _with_ci(r.agreement, r.agreement_ci), _num(r.hard_agreement), _num(r.accuracy),
-         _signed(r.stitching_penalty)]
+         _with_ci(r.agreement, r.agreement_ci), fmt(r.hard_agreement), fmt(r.accuracy),
+         fmt_signed(r.stitching_penalty)]
         for r in _order(report.results)
     ]
     return _align(headers, rows, numeric={4, 5, 6, 7})
@@ -105,8 +105,8 @@ def controls_lines(report: Report) -> list[str]:
     rows = [
         [c.control or "", f"{c.sigma:g}" if c.sigma is not None else "", DIRECTION[c.direction],
          _layers(c), c.objective, c.protocol, _with_ci(c.agreement, c.agreement_ci),
-         _num(c.hard_agreement), _num(c.accuracy),
-         _num(c.excessive_agreement) if c.excessive_agreement is not None else ""]
+         fmt(c.hard_agreement), fmt(c.accuracy),
+         fmt(c.excessive_agreement) if c.excessive_agreement is not None else ""]
         for c in report.controls
     ]
     return _align(headers, rows, numeric={1, 6, 7, 8, 9})
@@ -121,10 +121,10 @@ def summary_lines(report: Report) -> list[str]:
     for (direction, objective), by_protocol in cells.items():
         std = by_protocol.get("standard")
         inv = by_protocol.get("invariance_aware")
-        drop = _num(std - inv) if std is not None and inv is not None else "-"
+        drop = fmt(std - inv) if std is not None and inv is not None else "-"
         rows.append([DIRECTION.get(direction, direction), objective,
-                     _num(std) if std is not None else "-",
-                     _num(inv) if inv is not None else "-", drop])
+                     fmt(std) if std is not None else "-",
+                     fmt(inv) if inv is not None else "-", drop])
     headers = ["direction", "objective", "standard", "invariance_aware", "drop"]
     return _align(headers, rows, numeric={2, 3, 4})
 
@@ -152,7 +152,7 @@ def format_table(report: Report) -> str:
     if report.controls:
         lines += ["", "controls"] + controls_lines(report)
     lines += ["", "mean agreement over stitch points"] + summary_lines(report)
-    by_protocol = ", ".join(f"{p} {_num(v)}" for p, v in report.summary.by_protocol.items())
+    by_protocol = ", ".join(f"{p} {fmt(v)}" for p, v in report.summary.by_protocol.items())
     if by_protocol:
         lines.append(f"weaker direction: {by_protocol}")
     if report.warnings:
