@@ -34,7 +34,9 @@ sys.path.insert(0, str(ROOT))
 from tests.fixtures_service import ServiceFactory, ServiceHandle  # noqa: E402
 
 
-class _Tmp:
+class TempDirs:
+    """What ServiceFactory needs of pytest's tmp_path_factory, outside pytest."""
+
     def __init__(self, base: Path):
         self.base = base
 
@@ -236,12 +238,12 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="stitchsim-bench-") as tmp:
         work = Path(tmp)
-        factory = ServiceFactory(_Tmp(work))  # type: ignore[arg-type]
+        factory = ServiceFactory(TempDirs(work))  # type: ignore[arg-type]
         try:
             for mode in args.modes.split(","):
                 results.append(run_mode(mode, factory, args, work))
                 factory.close()
-                factory = ServiceFactory(_Tmp(work))  # type: ignore[arg-type]
+                factory = ServiceFactory(TempDirs(work))  # type: ignore[arg-type]
         finally:
             factory.close()
 

@@ -7,6 +7,8 @@ at rest reveals nothing usable, and lookups stay O(1).
 from __future__ import annotations
 
 import hashlib
+import logging
+import re
 import secrets
 from dataclasses import dataclass
 
@@ -16,6 +18,29 @@ from stitchsim_service.db import ApiKeyRow, Database, utcnow
 KEY_PREFIX = "ssk_"
 LOCAL_OWNER = "local"
 """Owner of everything when keys are not required and none is given (a one-user machine)."""
+
+
+_KEY_IN_TEXT = re.compile(re.escape(KEY_PREFIX) + r"[A-Za-z0-9_-]+")
+
+
+def redact_keys(text: str) -> str:
+    """text with every API key in it masked."""
+    return _KEY_IN_TEXT.sub(KEY_PREFIX + "[redacted]", text)
+
+
+class RedactKeys(logging.Filter):
+    """Access logs print each request's path and query: a key someone put in a URL (where the
+    service never reads it) must not land in them in clear."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redact_keys(a) if isinstance(a, str) else a for a in record.args)
+        if isinstance(record.msg, str):
+            record.msg = redact_keys(record.msg)
+        return True
+
+
+REDACT_KEYS = RedactKeys()
 
 
 def hash_key(key: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -25,6 +26,7 @@ from sqlalchemy import (
     UniqueConstraint,
     create_engine,
     event,
+    text,
 )
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import OperationalError, ProgrammingError
@@ -103,7 +105,7 @@ class ObjectRow(Base):
 
     kind: Mapped[str] = mapped_column(String(16), primary_key=True)
     id: Mapped[str] = mapped_column(String(80), primary_key=True)
-    size: Mapped[int] = mapped_column(Integer)
+    size: Mapped[int] = mapped_column(BigInteger)
     info_json: Mapped[str] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
 
@@ -117,6 +119,16 @@ class OwnershipRow(Base):
     kind: Mapped[str] = mapped_column(String(16), primary_key=True)
     object_id: Mapped[str] = mapped_column(String(80), primary_key=True)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
+class KeyLimitsRow(Base):
+    """A key's own quotas, where an operator set them; unset fields fall back to settings."""
+
+    __tablename__ = "key_limits"
+
+    owner: Mapped[str] = mapped_column(String(64), primary_key=True)
+    max_active_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    max_stored_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class ApiKeyRow(Base):
@@ -219,6 +231,14 @@ def _sqlite_pragmas(engine: Engine) -> None:
     def _begin(conn: Any) -> None:
         mode = conn.get_execution_options().get("sqlite_begin", "")
         conn.exec_driver_sql(f"BEGIN {mode}".strip())
+
+
+def advisory_lock(session: Session, name: str) -> None:
+    """Serialise transactions that name the same thing, until this transaction ends."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))"),
+                        {"name": name})
+    # SQLite needs nothing: our write transactions begin IMMEDIATE, one writer at a time.
 
 
 _databases: dict[tuple[int, str], Database] = {}

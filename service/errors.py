@@ -53,8 +53,10 @@ class ApiError(Exception):
 
 
 def not_found(what: str, ident: str) -> ApiError:
-    # Same answer whether the thing does not exist or belongs to another key.
-    return ApiError(404, "not_found", f"{what} {ident} not found", {"id": ident})
+    # Same answer whether the thing does not exist or belongs to another key. The id comes
+    # from the URL: cut short, so a hostile one is not echoed back whole.
+    shown = ident if len(ident) <= 80 else ident[:77] + "..."
+    return ApiError(404, "not_found", f"{what} {shown} not found", {"id": shown})
 
 
 def body(code: str, message: str, details: Any = None) -> dict[str, Any]:
@@ -126,7 +128,7 @@ def install_handlers(app: FastAPI) -> None:
     async def _store(request: Request, exc: StoreError) -> JSONResponse:
         log.error("store error: %s", exc)
         return JSONResponse(
-            body("store_unavailable", f"the blob store is unavailable: {exc}"),
+            body("store_unavailable", f"{exc}; retry later"),
             status_code=503,
             headers={"Retry-After": "30"},
         )

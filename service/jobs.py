@@ -15,11 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from stitchsim.models import ErrorInfo, JobStatus, Progress, Spec
+from stitchsim_service import quotas
 from stitchsim_service.context import Context
-from stitchsim_service.db import ACTIVE_STATES, TERMINAL_STATES, JobRow, utcnow
+from stitchsim_service.db import TERMINAL_STATES, JobRow, utcnow
 
 log = logging.getLogger("stitchsim.jobs")
 
@@ -56,15 +57,16 @@ def find_idempotent(ctx: Context, owner: str, key: str) -> JobRow | None:
                                              JobRow.idempotency_key == key))
 
 
-def active_count(ctx: Context, owner: str) -> int:
+def check_job_slot(ctx: Context, owner: str) -> None:
+    """429 early, before any upload is stored; insert_job checks again, atomically."""
     with ctx.db.read() as s:
-        return int(s.scalar(select(func.count()).select_from(JobRow).where(
-            JobRow.owner == owner, JobRow.state.in_(ACTIVE_STATES))) or 0)
+        quotas.check_job_slot(s, ctx.settings, owner)
 
 
 def insert_job(ctx: Context, owner: str, spec_json: str, *, idempotency_key: str | None,
                request_hash: str, grants: list[dict[str, Any]]) -> tuple[JobRow, bool]:
-    """Insert a queued job (and the owner's grants to its objects) in one transaction.
+    """Insert a queued job (and the owner's grants to its objects) in one transaction, within
+    the owner's quotas (429 / 413 otherwise).
 
     Returns (row, created); created is False when a concurrent request with the same
     idempotency key won the race.
@@ -78,9 +80,11 @@ def insert_job(ctx: Context, owner: str, spec_json: str, *, idempotency_key: str
                  request_hash=request_hash)
     try:
         with ctx.db.write() as s:
+            quotas.lock_owner(s, owner)
+            quotas.check_job_slot(s, ctx.settings, owner)
             s.add(row)
             for g in grants:
-                grant_existing(s, owner, **g)
+                grant_existing(s, ctx.settings, owner, **g)
     except IntegrityError:
         if idempotency_key is None:
             raise

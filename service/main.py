@@ -8,12 +8,14 @@ from contextlib import asynccontextmanager
 
 import stitchsim
 from fastapi import FastAPI
+from stitchsim_service.auth import REDACT_KEYS
 from stitchsim_service.context import Context
 from stitchsim_service.errors import install_handlers
 from stitchsim_service.metrics import COLLECTOR, MetricsMiddleware
 from stitchsim_service.reaper import Reaper
-from stitchsim_service.routers import checkpoints, datasets, health, jobs, similarity
+from stitchsim_service.routers import checkpoints, datasets, health, jobs, similarity, usage
 from stitchsim_service.settings import Settings, get_settings
+from stitchsim_service.tmpfiles import remove_orphaned_uploads
 
 log = logging.getLogger("stitchsim.service")
 
@@ -23,9 +25,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Loggers that print request paths (access lines, unhandled errors); installed here,
+        # after uvicorn has configured its loggers.
+        for name in ("uvicorn.access", log.name):
+            logging.getLogger(name).addFilter(REDACT_KEYS)
         ctx = Context.open(settings, with_queue=True)
         settings.tmp_dir.mkdir(parents=True, exist_ok=True)
-        _clean_tmp(settings)
+        # Partial uploads of gateways that died mid-upload (this data dir may be shared).
+        remove_orphaned_uploads(settings.tmp_dir)
         app.state.ctx = ctx
         COLLECTOR.ctx = ctx
         reaper = Reaper(ctx)
@@ -48,12 +55,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_handlers(app)
     app.add_middleware(MetricsMiddleware)
     for r in (checkpoints.router, datasets.router, similarity.router, jobs.router,
-              health.router):
+              usage.router, health.router):
         app.include_router(r)
     return app
-
-
-def _clean_tmp(settings: Settings) -> None:
-    # Partial uploads of a gateway that died mid-upload; nothing else lives there.
-    for p in settings.tmp_dir.glob("upload-*.part"):
-        p.unlink(missing_ok=True)

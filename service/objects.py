@@ -4,15 +4,30 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from anyio import to_thread
+from fastapi import Request
 from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session
 from stitchsim.models import BUILTIN_DATASETS, DatasetInfo, StoredObject
 from stitchsim.safetensors_format import DatasetFileInfo, Header
+from stitchsim_service import quotas
 from stitchsim_service.context import Context
-from stitchsim_service.db import ObjectRow, OwnershipRow, utcnow
-from stitchsim_service.store import object_key
-from stitchsim_service.uploads import UploadedFile
+from stitchsim_service.db import (
+    ACTIVE_STATES,
+    JobRow,
+    ObjectRow,
+    OwnershipRow,
+    advisory_lock,
+    utcnow,
+)
+from stitchsim_service.errors import ApiError
+from stitchsim_service.metrics import UPLOAD_BYTES
+from stitchsim_service.settings import Settings
+from stitchsim_service.store import OBJECT_ID, object_key
+from stitchsim_service.uploads import UploadedFile, receive_single_file, validate_safetensors
 
 log = logging.getLogger("stitchsim.objects")
 
@@ -63,6 +78,33 @@ def builtin_datasets() -> list[DatasetInfo]:
             for name in BUILTIN_DATASETS]
 
 
+Describe = Callable[[UploadedFile, Header], Awaitable[dict[str, Any]]]
+
+
+async def receive_and_store(request: Request, ctx: Context, owner: str, kind: str,
+                            describe: Describe) -> tuple[ObjectRow, bool]:
+    """The upload endpoints: stream the file in, validate it, store it by content and grant it
+    to owner. Returns the object and whether it is new to owner; on any failure nothing of it
+    is left behind."""
+    upload = await receive_single_file(request, ctx.settings)
+    try:
+        header = await validate_safetensors(upload, ctx.settings, kind[:-1])
+        info = await describe(upload, header)
+        created = await to_thread.run_sync(put_object, ctx, kind, upload)
+        try:
+            new = await to_thread.run_sync(register, ctx, owner, kind, upload, info)
+        except BaseException:
+            if created:
+                await to_thread.run_sync(rollback, ctx, [(kind, upload.object_id)])
+            raise
+    finally:
+        upload.discard()
+    UPLOAD_BYTES.labels(kind).inc(upload.size)
+    row = await to_thread.run_sync(owned, ctx, owner, kind, upload.object_id)
+    assert row is not None
+    return row, new
+
+
 def put_object(ctx: Context, kind: str, upload: UploadedFile) -> bool:
     """Copy an upload into the store; True when this call created the object."""
     return ctx.store.put_file(object_key(kind, upload.object_id), upload.path)
@@ -70,15 +112,11 @@ def put_object(ctx: Context, kind: str, upload: UploadedFile) -> bool:
 
 def register(ctx: Context, owner: str, kind: str, upload: UploadedFile,
              info: dict[str, Any]) -> bool:
-    """Record the object and grant it to owner; True when owner did not have it before."""
+    """Record the object and grant it to owner within its storage quota (413 beyond); True
+    when owner did not have it before."""
     with ctx.db.write() as s:
-        if s.get(ObjectRow, (kind, upload.object_id)) is None:
-            s.add(ObjectRow(kind=kind, id=upload.object_id, size=upload.size,
-                            info_json=json.dumps(info), created_at=utcnow()))
-        new_for_owner = s.get(OwnershipRow, (owner, kind, upload.object_id)) is None
-        if new_for_owner:
-            s.add(OwnershipRow(owner=owner, kind=kind, object_id=upload.object_id,
-                               created_at=utcnow()))
+        new_for_owner = grant_existing(s, ctx.settings, owner, kind, upload.object_id,
+                                       upload.size, info)
     # A failed submission elsewhere may have rolled the bytes back between our put and our
     # grant; now that we own it, it must stay, so put it back.
     key = object_key(kind, upload.object_id)
@@ -87,17 +125,30 @@ def register(ctx: Context, owner: str, kind: str, upload: UploadedFile,
     return new_for_owner
 
 
-def grant_existing(session: Any, owner: str, kind: str, object_id: str, size: int,
-                   info: dict[str, Any]) -> None:
+def grant_existing(session: Session, settings: Settings, owner: str, kind: str,
+                   object_id: str, size: int, info: dict[str, Any]) -> bool:
+    """Grant an object in the store to owner, within its storage quota; True when new to it."""
+    quotas.lock_owner(session, owner)
+    _lock_object(session, kind, object_id)
+    if session.get(OwnershipRow, (owner, kind, object_id)) is not None:
+        return False
+    quotas.check_storage(session, settings, owner, size)
     if session.get(ObjectRow, (kind, object_id)) is None:
         session.add(ObjectRow(kind=kind, id=object_id, size=size, info_json=json.dumps(info),
                               created_at=utcnow()))
-    if session.get(OwnershipRow, (owner, kind, object_id)) is None:
-        session.add(OwnershipRow(owner=owner, kind=kind, object_id=object_id,
-                                 created_at=utcnow()))
+    session.add(OwnershipRow(owner=owner, kind=kind, object_id=object_id, created_at=utcnow()))
+    return True
+
+
+def _is_object_id(object_id: str) -> bool:
+    # Checked before any lookup: the job table cannot even be asked about some strings
+    # (PostgreSQL refuses a NUL byte), and a malformed id names nothing anyway.
+    return OBJECT_ID.match(object_id) is not None
 
 
 def owned(ctx: Context, owner: str, kind: str, object_id: str) -> ObjectRow | None:
+    if not _is_object_id(object_id):
+        return None
     with ctx.db.read() as s:
         if s.get(OwnershipRow, (owner, kind, object_id)) is None:
             return None
@@ -116,19 +167,58 @@ def list_owned(ctx: Context, owner: str, kind: str) -> list[ObjectRow]:
         return list(rows)
 
 
+def _lock_object(session: Session, kind: str, object_id: str) -> None:
+    # Granting, releasing and rolling back one object must not interleave across processes,
+    # or a release could delete bytes that a concurrent upload of the same content just
+    # granted.
+    advisory_lock(session, f"object:{kind}:{object_id}")
+
+
+def _drop_if_orphaned(ctx: Context, session: Session, kind: str, object_id: str) -> bool:
+    """Delete the object's row and bytes when no key owns it any more; True when dropped."""
+    owners = session.scalar(select(func.count()).select_from(OwnershipRow).where(
+        OwnershipRow.kind == kind, OwnershipRow.object_id == object_id))
+    if owners:
+        return False
+    session.execute(delete(ObjectRow).where(ObjectRow.kind == kind, ObjectRow.id == object_id))
+    # Inside the transaction, so a concurrent grant waits for it and then finds the bytes
+    # gone, and puts them back (see register).
+    ctx.store.delete(object_key(kind, object_id))
+    return True
+
+
 def rollback(ctx: Context, created: list[tuple[str, str]]) -> None:
     """Remove objects this request put in the store, unless someone owns them by now."""
     for kind, object_id in created:
         try:
             with ctx.db.write() as s:
-                owners = s.scalar(
-                    select(func.count()).select_from(OwnershipRow).where(
-                        OwnershipRow.kind == kind, OwnershipRow.object_id == object_id)
-                )
-                if owners:
-                    continue
-                s.execute(delete(ObjectRow).where(ObjectRow.kind == kind,
-                                                  ObjectRow.id == object_id))
-                ctx.store.delete(object_key(kind, object_id))
+                _lock_object(s, kind, object_id)
+                _drop_if_orphaned(ctx, s, kind, object_id)
         except Exception:  # cleanup must not hide the error being reported
             log.exception("could not roll back %s %s", kind, object_id)
+
+
+def release(ctx: Context, owner: str, kind: str, object_id: str) -> bool:
+    """Take owner's grant to an object away (freeing its quota); the bytes go once no key owns
+    them. False when owner did not have it; 409 while one of owner's active jobs uses it."""
+    if not _is_object_id(object_id):
+        return False
+    with ctx.db.write() as s:
+        quotas.lock_owner(s, owner)
+        _lock_object(s, kind, object_id)
+        grant = s.get(OwnershipRow, (owner, kind, object_id))
+        if grant is None:
+            return False
+        user = s.scalar(select(JobRow.id).where(
+            JobRow.owner == owner, JobRow.state.in_(ACTIVE_STATES),
+            JobRow.spec_json.contains(object_id)).limit(1))
+        if user is not None:
+            raise ApiError(
+                409, "in_use",
+                f"{kind[:-1]} {object_id} is used by job {user}, which is queued or running; "
+                f"wait for it to finish or cancel it (DELETE /jobs/{user}), then delete again",
+                {"job_id": user})
+        s.delete(grant)
+        s.flush()
+        _drop_if_orphaned(ctx, s, kind, object_id)
+    return True

@@ -87,6 +87,9 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
         "worker_concurrency": settings.worker_concurrency,
+        # A pool child imports torch and timm before it reports up (4.5 s on a busy 2-core
+        # machine); Celery's default of 4 s kills it and forks another, over and over.
+        "worker_proc_alive_timeout": 120.0,
         # Cold shutdown (SIGQUIT, or a second SIGTERM) gives running tasks this long, then
         # stops them; acks late puts their messages back.
         "worker_soft_shutdown_timeout": settings.shutdown_grace_s,

@@ -64,7 +64,14 @@ class Settings(BaseSettings):
     heartbeat_s: float = Field(default=5.0, gt=0)
     stale_after_s: float = Field(default=60.0, gt=0)
     reap_interval_s: float = Field(default=15.0, gt=0)
-    max_active_jobs_per_key: int = Field(default=100, ge=1)
+    max_active_jobs_per_key: int = Field(
+        default=100, ge=1, description="jobs a key may have queued or running at once (429 "
+        "beyond); `stitchsim-server keys limits` overrides it per key")
+    max_stored_bytes_per_key: int = Field(
+        default=50 * 1024**3, ge=0, description="bytes of checkpoints and datasets a key may "
+        "keep stored (413 beyond); overridable per key like the job limit")
+    quota_retry_after_s: int = Field(
+        default=30, ge=1, description="Retry-After sent with 429 when a key has too many jobs")
     cache_dir: Path | None = Field(default=None, description="worker cache; <data_dir>/cache")
     worker_concurrency: int = Field(default=1, ge=1)
     shutdown_grace_s: float = Field(

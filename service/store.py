@@ -7,6 +7,7 @@ stored under the job id, which the service generates.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import re
@@ -24,6 +25,25 @@ class StoreError(RuntimeError):
     """The store cannot be read or written (disk full, bucket unreachable …)."""
 
 
+_FULL = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up",
+         errno.EFBIG: "the file size limit is reached"}
+_UNWRITABLE = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
+
+
+def write_error(exc: OSError, where: str) -> StoreError:
+    """The StoreError for a failed write to where: it says whether the disk is full or not
+    writable and what an operator has to do, since the client can only wait and retry."""
+    name = errno.errorcode.get(exc.errno or 0, "unknown error")
+    if exc.errno in _FULL:
+        return StoreError(f"{where} is full ({_FULL[exc.errno]}, {name}): an operator must free "
+                          "space or raise the limit")
+    if exc.errno in _UNWRITABLE:
+        return StoreError(f"{where} is not writable ({exc.strerror}, {name}): an operator must "
+                          "fix its permissions or mount")
+    return StoreError(f"cannot write to {where} ({exc.strerror or exc}, {name}): an operator "
+                      "must check its disk")
+
+
 def parse_object_id(object_id: str) -> str:
     """The hex digest of a "sha256:<hex>" id; ValueError otherwise."""
     m = OBJECT_ID.match(object_id)
@@ -37,6 +57,11 @@ def object_key(kind: str, object_id: str) -> str:
         raise ValueError(f"unknown object kind {kind!r}")
     hexd = parse_object_id(object_id)
     return f"{kind}/{hexd[:2]}/{hexd}.safetensors"
+
+
+def is_job_id(value: str) -> bool:
+    """Whether value has the shape of a job id (32 hex digits)."""
+    return _JOB_ID.match(value) is not None
 
 
 def report_key(job_id: str) -> str:
@@ -69,6 +94,15 @@ class Store(Protocol):
     def keys(self, prefix: str) -> list[str]: ...
 
 
+def _part_path(dest: Path) -> Path:
+    return dest.with_name(dest.name + f".{uuid.uuid4().hex}.part")
+
+
+def _discard(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink(missing_ok=True)
+
+
 class LocalStore:
     def __init__(self, root: Path):
         self.root = root.resolve()
@@ -83,15 +117,13 @@ class LocalStore:
 
     def put_file(self, key: str, src: Path) -> bool:
         dest = self._path(key)
+        part = _part_path(dest)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
             if dest.exists():
                 return False
-            # Same filesystem (tmp lives under the data dir) → atomic rename; else copy then
-            # rename, so a reader never sees half a file.
             # Copy to a part file then rename, so a reader never sees half an object; a hard
             # link makes the copy free when tmp and store share a filesystem.
-            part = dest.with_name(dest.name + f".{uuid.uuid4().hex}.part")
             try:
                 os.link(src, part)
             except OSError:
@@ -100,7 +132,8 @@ class LocalStore:
             os.replace(part, dest)
             return True
         except OSError as exc:
-            raise StoreError(f"cannot write to the store: {exc.strerror or exc}") from exc
+            _discard(part)  # a copy cut short by a full disk leaves no half object behind
+            raise write_error(exc, "the blob store") from exc
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -108,13 +141,14 @@ class LocalStore:
 
     def put_bytes(self, key: str, data: bytes) -> None:
         dest = self._path(key)
+        part = _part_path(dest)
         try:
             dest.parent.mkdir(parents=True, exist_ok=True)
-            part = dest.with_name(dest.name + f".{uuid.uuid4().hex}.part")
             part.write_bytes(data)
             os.replace(part, dest)
         except OSError as exc:
-            raise StoreError(f"cannot write to the store: {exc.strerror or exc}") from exc
+            _discard(part)
+            raise write_error(exc, "the blob store") from exc
 
     def get_bytes(self, key: str) -> bytes | None:
         try:

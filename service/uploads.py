@@ -12,7 +12,6 @@ import hashlib
 import os
 import queue
 import threading
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -30,11 +29,13 @@ from stitchsim.safetensors_format import (
 )
 from stitchsim_service.errors import ApiError, safetensors_error
 from stitchsim_service.settings import Settings
-from stitchsim_service.store import StoreError
+from stitchsim_service.store import StoreError, write_error
+from stitchsim_service.tmpfiles import new_upload_path
 
 _FLUSH_BYTES = 4 * 1024 * 1024
 _SNIFF_BYTES = 300
 _DRAIN_LIMIT = 256 * 1024 * 1024
+_SPOOL = "the upload spool (STITCHSIM_DATA_DIR/tmp)"
 
 
 def _too_large(what: str, limit: int) -> ApiError:
@@ -149,9 +150,14 @@ class _Spool:
         await self.flush()
         self._check_head(final=True)
         await anyio.to_thread.run_sync(self._close_writer)
+        if isinstance(self._error, OSError):  # disk full, read-only …: 503, not 500
+            raise write_error(self._error, _SPOOL) from self._error
         if self._error is not None:
             raise StoreError(f"cannot write the upload to disk: {self._error}")
-        await anyio.to_thread.run_sync(self.fh.close)
+        try:
+            await anyio.to_thread.run_sync(self.fh.close)
+        except OSError as exc:
+            raise write_error(exc, _SPOOL) from exc
         return UploadedFile(self.field, self.filename, self.path, self.size,
                             self.hasher.hexdigest())
 
@@ -178,9 +184,12 @@ class UploadReceiver:
 
     def _new_spool(self, field_name: str, filename: str | None) -> _Spool:
         tmp = self.settings.tmp_dir
-        tmp.mkdir(parents=True, exist_ok=True)
-        path = tmp / f"upload-{uuid.uuid4().hex}.part"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        path = new_upload_path(tmp)
+        try:
+            tmp.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise write_error(exc, _SPOOL) from exc
         spool = _Spool(field_name, filename, path, self.settings.max_upload_bytes,
                        self.settings.max_header_bytes, os.fdopen(fd, "wb"))
         self._spools.append(spool)

@@ -51,7 +51,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _cli(*args: str) -> list[str]:
+def cli_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "stitchsim_worker.cli", *args]
 
 
@@ -70,6 +70,7 @@ class ServiceHandle:
     other_key: str | None = None
     database_url: str = ""
     redis_url: str | None = None
+    with_workers: bool = True  # False: the gateway alone, jobs stay queued (load tests)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     # ---- processes
@@ -84,14 +85,29 @@ class ServiceHandle:
 
     def start(self) -> None:
         if self.mode == "embedded":
-            self._spawn("serve", _cli("serve"))
+            only_gateway = [] if self.with_workers else ["--workers", "0"]
+            self._spawn("serve", cli_command("serve", *only_gateway))
         else:
             self.start_gateway()
-            self.start_workers()
+            if self.with_workers:
+                self.start_workers()
+
+    def create_key(self, name: str) -> str:
+        """A new API key of this service (through the operator's CLI)."""
+        out = subprocess.run(cli_command("keys", "create", name), env=self.env, capture_output=True,
+                             text=True, check=True, timeout=60).stdout
+        return next(line.split()[-1] for line in out.splitlines() if line.startswith("key:"))
+
+    def ready(self) -> None:
+        """Wait until the service answers: with workers, until they are seen too."""
+        if self.with_workers:
+            self.wait_ready()
+        else:
+            self.wait_ready(queues=(), need_workers=False)
 
     def start_gateway(self) -> None:
         assert self.mode == "redis"
-        self._spawn("gateway", _cli("gateway"))
+        self._spawn("gateway", cli_command("gateway"))
 
     def start_workers(self) -> None:
         """Start the gpu and checks workers that are not running."""
@@ -99,7 +115,7 @@ class ServiceHandle:
         for queue in ("gpu", "checks"):
             if f"worker_{queue}" not in self.procs:
                 self._spawn(f"worker_{queue}",
-                            _cli("worker", "--queues", queue, "--name", f"{queue}@test"))
+                            cli_command("worker", "--queues", queue, "--name", f"{queue}@test"))
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
         proc = self.procs.pop(name, None)
@@ -142,8 +158,17 @@ class ServiceHandle:
                 self.procs.pop(name).wait(10)
         return pids
 
-    def wait_ready(self, timeout: float = 120, queues: tuple[str, ...] = ("gpu", "checks")
-                   ) -> None:
+    def kill_pool_children(self, queue: str = "gpu") -> list[int]:
+        """SIGKILL the pool children of queue's workers, not the workers: what the kernel's OOM
+        killer picks (the biggest process); Celery's parent then requeues the task itself."""
+        children = [pid for parent in self.worker_pids(queue) for pid in _children(parent)]
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        return children
+
+    def wait_ready(self, timeout: float = 120, queues: tuple[str, ...] = ("gpu", "checks"),
+                   need_workers: bool = True) -> None:
         deadline = time.monotonic() + timeout
         last: Any = None
         while time.monotonic() < deadline:
@@ -153,6 +178,10 @@ class ServiceHandle:
             try:
                 r = httpx.get(self.url + "/readyz", timeout=5)
                 last = r.json()
+                if not need_workers and r.status_code == 503:
+                    checks = last["error"]["details"]
+                    if all(c["ok"] for name, c in checks.items() if name != "workers"):
+                        return
                 if r.status_code == 200:
                     seen = last["checks"]["workers"].get("queues", {})
                     if all(seen.get(q) for q in queues):
@@ -217,7 +246,18 @@ class ServiceHandle:
                              f"{timeout} s\n{self.logs()}")
 
 
-def _postgres_database() -> tuple[str, Any] | None:
+def _children(pid: int) -> list[int]:
+    """Pids whose parent is pid (Linux /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            # The command name (field 2) may hold spaces: the parent pid follows its ")".
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+    return out
+
+
+def postgres_database() -> tuple[str, Any] | None:
     """A fresh PostgreSQL database and its dropper, or None when none answers."""
     try:
         import psycopg
@@ -238,7 +278,7 @@ def _postgres_database() -> tuple[str, Any] | None:
     return f"postgresql://postgres@127.0.0.1:5432/{name}", drop
 
 
-def _redis_db() -> tuple[str, Any]:
+def redis_db() -> tuple[str, Any]:
     import redis
 
     # One db number per starter, so concurrent services (and test sessions) never share keys.
@@ -263,8 +303,8 @@ class ServiceFactory:
         self.handles: list[ServiceHandle] = []
         self.cleanups: list[Any] = []
 
-    def embedded(self, *, extra_env: dict[str, str] | None = None,
-                 start: bool = True) -> ServiceHandle:
+    def embedded(self, *, extra_env: dict[str, str] | None = None, start: bool = True,
+                 workers: bool = True) -> ServiceHandle:
         data = self.tmp.mktemp("svc-embedded")
         port = free_port()
         env = {**os.environ, **FAST_ENV, "STITCHSIM_DATA_DIR": str(data),
@@ -272,21 +312,26 @@ class ServiceFactory:
         for var in ("STITCHSIM_REDIS_URL", "STITCHSIM_DATABASE_URL", "STITCHSIM_STORE_URL"):
             env.pop(var, None)
         h = ServiceHandle("embedded", f"http://127.0.0.1:{port}", data, env,
-                          database_url=f"sqlite:///{data / 'stitchsim.db'}")
+                          database_url=f"sqlite:///{data / 'stitchsim.db'}",
+                          with_workers=workers)
         self.handles.append(h)
         if start:
             h.start()
-            h.wait_ready()
+            h.ready()
         return h
 
     def redis(self, *, keys: bool = True, postgres: bool = True,
-              extra_env: dict[str, str] | None = None) -> ServiceHandle:
+              extra_env: dict[str, str] | None = None, workers: bool = True,
+              redis_url: str | None = None) -> ServiceHandle:
+        """redis_url: a Redis of the caller's (say, one it restarts); default a free db number
+        of the shared one at REDIS_HOST."""
         data = self.tmp.mktemp("svc-redis")
         port = free_port()
-        redis_url, release = _redis_db()
-        self.cleanups.append(release)
+        if redis_url is None:
+            redis_url, release = redis_db()
+            self.cleanups.append(release)
         db_url = f"sqlite:///{data / 'stitchsim.db'}"
-        pg = _postgres_database() if postgres else None
+        pg = postgres_database() if postgres else None
         if pg is not None:
             db_url, drop = pg
             self.cleanups.append(drop)
@@ -297,13 +342,13 @@ class ServiceFactory:
         if keys:
             env["STITCHSIM_REQUIRE_API_KEY"] = "true"
         h = ServiceHandle("redis", f"http://127.0.0.1:{port}", data, env, database_url=db_url,
-                          redis_url=redis_url)
+                          redis_url=redis_url, with_workers=workers)
         self.handles.append(h)
         if keys:
-            h.api_key = _create_key(env, "alice")
-            h.other_key = _create_key(env, "bob")
+            h.api_key = h.create_key("alice")
+            h.other_key = h.create_key("bob")
         h.start()
-        h.wait_ready()
+        h.ready()
         return h
 
     def close(self) -> None:
@@ -311,12 +356,6 @@ class ServiceFactory:
             h.stop()
         for fn in reversed(self.cleanups):
             fn()
-
-
-def _create_key(env: dict[str, str], name: str) -> str:
-    out = subprocess.run(_cli("keys", "create", name), env=env, capture_output=True, text=True,
-                         check=True, timeout=60).stdout
-    return next(line.split()[-1] for line in out.splitlines() if line.startswith("key:"))
 
 
 @pytest.fixture(scope="session")

@@ -166,13 +166,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     _apply_env(args)
-    from stitchsim_service.auth import create_key, list_keys, revoke_key
+    from stitchsim_service.auth import LOCAL_OWNER, create_key, list_keys, revoke_key
     from stitchsim_service.db import get_database
 
     db = get_database(_settings().resolved_database_url)
     if args.keys_cmd == "create":
         new = create_key(db, args.name)
         print(f"id:  {new.id}\nkey: {new.key}\n(shown once: only its hash is stored)")
+        if args.max_jobs is not None or args.max_stored_bytes is not None:
+            return _set_limits(db, new.id, args)
     elif args.keys_cmd == "list":
         for row in list_keys(db):
             state = f"revoked {row.revoked_at:%Y-%m-%d}" if row.revoked_at else "active"
@@ -182,7 +184,61 @@ def cmd_keys(args: argparse.Namespace) -> int:
             print(f"no active key {args.id}", file=sys.stderr)
             return 1
         print(f"revoked {args.id}")
+    elif args.keys_cmd == "limits":
+        if args.id != LOCAL_OWNER and args.id not in {r.id for r in list_keys(db)}:
+            print(f"no key {args.id} (see `stitchsim-server keys list`)", file=sys.stderr)
+            return 1
+        return _set_limits(db, args.id, args)
     return 0
+
+
+def _set_limits(db, owner: str, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
+    from stitchsim_service import quotas
+
+    changes = {name: None if value == "default" else value
+               for name, value in (("max_active_jobs", args.max_jobs),
+                                   ("max_stored_bytes", args.max_stored_bytes))
+               if value is not None}
+    settings = _settings()
+    with db.write() as s:
+        if changes:
+            quotas.set_limits(s, owner, changes)
+            s.flush()
+        u = quotas.usage(s, settings, owner)
+    print(f"{owner}: {u.active_jobs} of {u.max_active_jobs} jobs in flight, "
+          f"{u.stored_bytes} of {u.max_stored_bytes} bytes stored")
+    return 0
+
+
+def _limit(kind: str):  # type: ignore[no-untyped-def]
+    """argparse type: a count, a size like 20G (bytes), or "default"."""
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+    def parse(text: str) -> int | str:
+        t = text.strip().lower()
+        if t == "default":
+            return t
+        factor = 1
+        if kind == "bytes" and t[-1:] in units:
+            factor, t = units[t[-1]], t[:-1]
+        try:
+            value = int(float(t) * factor)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if value < 0:
+            raise argparse.ArgumentTypeError("limits cannot be negative")
+        return value
+
+    return parse
+
+
+def _limit_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-jobs", type=_limit("count"),
+                   help="jobs queued or running at once (STITCHSIM_MAX_ACTIVE_JOBS_PER_KEY "
+                        "when 'default')")
+    p.add_argument("--max-stored-bytes", type=_limit("bytes"),
+                   help="bytes of checkpoints and datasets kept, e.g. 20G "
+                        "(STITCHSIM_MAX_STORED_BYTES_PER_KEY when 'default')")
 
 
 # ---------------------------------------------------------------- parser
@@ -233,9 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     ks = p.add_subparsers(dest="keys_cmd", required=True)
     c = ks.add_parser("create", help="create a key and print it once")
     c.add_argument("name")
+    _limit_flags(c)
     ks.add_parser("list", help="list keys (ids and names, never the keys)")
     r = ks.add_parser("revoke", help="revoke a key by id")
     r.add_argument("id")
+    q = ks.add_parser("limits", help="show or set a key's own quotas (no flags: show)")
+    q.add_argument("id", help="key id (from `keys list`), or 'local' for keyless loopback use")
+    _limit_flags(q)
     p.set_defaults(func=cmd_keys)
 
     try:

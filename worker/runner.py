@@ -14,7 +14,7 @@ from typing import Any
 from stitchsim.models import Progress, Spec
 from stitchsim_service import jobs
 from stitchsim_service.context import Context
-from stitchsim_service.store import object_key, report_key
+from stitchsim_service.store import StoreError, object_key, report_key
 
 log = logging.getLogger("stitchsim.worker")
 
@@ -176,6 +176,12 @@ def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> dict[str,
         return {"state": "succeeded", "report_key": key}
     except JobCancelled:
         return {"state": "cancelled"}
+    except StoreError as exc:
+        # Not succeeded without a report; not requeued either, since a full or read-only store
+        # needs an operator, and every attempt would burn a GPU for nothing until then.
+        return {"state": "failed", "error_code": "store_unavailable",
+                "error_message": f"the job could not use the blob store: {exc}; resubmit the "
+                                 "job once the store is fixed"}
     except SpecError as exc:
         return {"state": "failed", "error_code": exc.code, "error_message": exc.message,
                 "error_details": _jsonable(exc.details)}

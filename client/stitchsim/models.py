@@ -295,6 +295,15 @@ class StoredObject(BaseModel):
     metadata: dict[str, str] = {}
 
 
+class Usage(BaseModel):
+    """What a key uses of its quotas (GET /usage)."""
+
+    active_jobs: int = Field(description="jobs queued or running")
+    max_active_jobs: int = Field(description="more submissions are answered 429")
+    stored_bytes: int = Field(description="bytes of checkpoints and datasets this key keeps")
+    max_stored_bytes: int = Field(description="uploads beyond it are answered 413")
+
+
 class DatasetInfo(BaseModel):
     id: str
     builtin: bool

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import reprlib
 import struct
 import sys
 from array import array
@@ -26,6 +27,11 @@ MAX_TENSORS = 100_000
 MAX_RANK = 8
 MAX_NAME_CHARS = 1024
 MAX_METADATA_VALUE_CHARS = 1024 * 1024
+MAX_U64 = 2**64 - 1
+"""Sizes and offsets are u64 in the format (and in every reader of it)."""
+MAX_JSON_DEPTH = 32
+"""Nesting accepted in JSON from strangers (arch_kwargs, specs): real ones are a few levels
+deep; parsers, pydantic and json.dumps each fail somewhere beyond a hundred."""
 
 DTYPE_SIZES: dict[str, int] = {
     "BOOL": 1,
@@ -122,6 +128,19 @@ class DatasetFileInfo:
     n_classes: int
 
 
+# Values from the file appear in error messages cut short: a message must not echo megabytes
+# of a hostile header back (or into logs).
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = 60
+_SHORT.maxother = 60
+_SHORT.maxlong = 30
+_SHORT.maxlist = _SHORT.maxdict = 10
+
+
+def _show(value: Any) -> str:
+    return _SHORT.repr(value)
+
+
 # ---------------------------------------------------------------- sniffing
 
 _MAGICS: tuple[tuple[bytes, str], ...] = (
@@ -174,7 +193,8 @@ def _pairs_no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     for key, value in pairs:
         if key in out:
             raise SafetensorsError(
-                f"the header names {key!r} twice; every tensor and metadata key must be unique"
+                f"the header names {_show(key)} twice; every tensor and metadata key must be "
+                "unique"
             )
         out[key] = value
     return out
@@ -182,13 +202,17 @@ def _pairs_no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def header_length(first8: bytes, file_size: int, *, max_header_bytes: int) -> int:
     """The declared header size N, checked against the cap and the file size."""
+    if file_size == 0:
+        raise SafetensorsError("the file is empty")
     if file_size < 8 or len(first8) < 8:
         raise SafetensorsError(
             f"the file is {file_size} bytes long: too short to be safetensors (truncated?)"
         )
     (n,) = struct.unpack("<Q", first8[:8])
     if n < 2:
-        raise SafetensorsError("the header length is smaller than an empty JSON object")
+        raise SafetensorsError(
+            f"the header length field says {n} bytes, less than the 2 of an empty JSON object"
+        )
     if n > max_header_bytes:
         raise SafetensorsError(
             f"the header declares {n} bytes, more than the {max_header_bytes} bytes accepted "
@@ -223,7 +247,10 @@ def parse_header(
         raise SafetensorsError(f"the header is not valid UTF-8 (byte {exc.start})") from None
     stripped = text.rstrip(" ")
     if not stripped.endswith("}"):
-        raise SafetensorsError("the header must be one JSON object, padded only with spaces")
+        raise SafetensorsError(
+            f"the {n} header bytes that the header length field declares do not hold one JSON "
+            "object padded only with spaces (wrong header length, or other padding)"
+        )
     try:
         obj = json.loads(
             stripped, object_pairs_hook=_pairs_no_duplicates, parse_constant=_reject_constant
@@ -234,6 +261,11 @@ def parse_header(
         raise SafetensorsError(f"the header is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
         raise SafetensorsError("the header must be a JSON object")
+    if "\\u" in stripped and _has_lone_surrogate(obj):
+        raise SafetensorsError(
+            "the header holds a \\u escape of a lone UTF-16 surrogate, which is not a character "
+            "(readers of the file refuse it)"
+        )
 
     metadata = _check_metadata(obj.pop("__metadata__", None))
     if len(obj) > MAX_TENSORS:
@@ -253,8 +285,8 @@ def parse_header(
         if begin != pos:
             what = "overlaps the previous tensor" if begin < pos else "leaves a gap before it"
             raise SafetensorsError(
-                f"tensor {t.name!r} starts at data offset {begin} but the previous tensor ends at "
-                f"{pos}: it {what}",
+                f"tensor {_show(t.name)} starts at data offset {begin} but the previous tensor "
+                f"ends at {pos}: it {what}",
                 details={"tensor": t.name},
             )
         pos = t.end - data_start
@@ -273,6 +305,28 @@ def parse_header(
     return Header(header_size=n, file_size=file_size, tensors=tensors, metadata=metadata)
 
 
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether a parsed JSON value has objects or arrays nested more than limit levels deep
+    (iterative: a hostile value must not exhaust the stack here either)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1)
+                         for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def _has_lone_surrogate(obj: Any) -> bool:
+    try:
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def _check_metadata(meta: Any) -> dict[str, str]:
     if meta is None:
         return {}
@@ -281,18 +335,22 @@ def _check_metadata(meta: Any) -> dict[str, str]:
     for key, value in meta.items():
         if not isinstance(value, str):
             raise SafetensorsError(
-                f"__metadata__[{key!r}] must be a string (JSON-encode structured values, e.g. "
+                f"__metadata__[{_show(key)}] must be a string (JSON-encode structured values, e.g. "
                 "arch_kwargs), got " + type(value).__name__
             )
         if len(value) > MAX_METADATA_VALUE_CHARS:
-            raise SafetensorsError(f"__metadata__[{key!r}] is too long")
+            raise SafetensorsError(f"__metadata__[{_show(key)}] is too long")
     if "arch_kwargs" in meta:
         try:
             kwargs = json.loads(meta["arch_kwargs"], parse_constant=_reject_constant)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise SafetensorsError("__metadata__['arch_kwargs'] must hold a JSON object") from None
         if not isinstance(kwargs, dict):
             raise SafetensorsError("__metadata__['arch_kwargs'] must hold a JSON object")
+        if nested_deeper_than(kwargs, MAX_JSON_DEPTH):
+            raise SafetensorsError(
+                f"__metadata__['arch_kwargs'] is nested more than {MAX_JSON_DEPTH} levels deep"
+            )
     return dict(meta)
 
 
@@ -301,14 +359,14 @@ def _check_tensor(name: str, entry: Any, data_start: int) -> TensorInfo:
         raise SafetensorsError("tensor names must be 1 to 1024 characters long")
     if not isinstance(entry, dict) or set(entry) != {"dtype", "shape", "data_offsets"}:
         raise SafetensorsError(
-            f"tensor {name!r} must be an object with exactly dtype, shape and data_offsets",
+            f"tensor {_show(name)} must be an object with exactly dtype, shape and data_offsets",
             details={"tensor": name},
         )
     dtype = entry["dtype"]
     if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
         raise SafetensorsError(
-            f"tensor {name!r} has dtype {dtype!r}; accepted: {', '.join(DTYPE_SIZES)}",
-            details={"tensor": name, "dtype": dtype},
+            f"tensor {_show(name)} has dtype {_show(dtype)}; accepted: {', '.join(DTYPE_SIZES)}",
+            details={"tensor": name, "dtype": _show(dtype)},
         )
     shape = entry["shape"]
     if (
@@ -317,27 +375,35 @@ def _check_tensor(name: str, entry: Any, data_start: int) -> TensorInfo:
         or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
     ):
         raise SafetensorsError(
-            f"tensor {name!r} has shape {shape!r}; a shape is a list of at most {MAX_RANK} "
-            "non-negative integers",
+            f"tensor {_show(name)} has shape {_show(shape)}; a shape is a list of at most "
+            f"{MAX_RANK} non-negative integers",
             details={"tensor": name},
         )
     offsets = entry["data_offsets"]
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
-        or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+        or not all(
+            isinstance(o, int) and not isinstance(o, bool) and 0 <= o <= MAX_U64 for o in offsets
+        )
         or offsets[0] > offsets[1]
     ):
         raise SafetensorsError(
-            f"tensor {name!r} has data_offsets {offsets!r}; expected [begin, end] with "
-            "0 <= begin <= end",
+            f"tensor {_show(name)} has data_offsets {_show(offsets)}; expected [begin, end] with "
+            "0 <= begin <= end < 2**64",
             details={"tensor": name},
         )
     nbytes = math.prod(shape) * DTYPE_SIZES[dtype]
+    if nbytes > MAX_U64:
+        raise SafetensorsError(
+            f"tensor {_show(name)} is {dtype} of shape {_show(shape)}, whose size in bytes "
+            "overflows 64 bits",
+            details={"tensor": name},
+        )
     if offsets[1] - offsets[0] != nbytes:
         raise SafetensorsError(
-            f"tensor {name!r} is {dtype} of shape {shape}, which takes {nbytes} bytes, but its "
-            f"offsets span {offsets[1] - offsets[0]}",
+            f"tensor {_show(name)} is {dtype} of shape {shape}, which takes {nbytes} bytes, but "
+            f"its offsets span {offsets[1] - offsets[0]}",
             details={"tensor": name},
         )
     return TensorInfo(

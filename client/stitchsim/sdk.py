@@ -56,6 +56,7 @@ from stitchsim.models import (
     Report,
     Spec,
     StoredObject,
+    Usage,
 )
 from stitchsim.safetensors_format import SafetensorsError, check_dataset, read_header
 
@@ -189,6 +190,22 @@ class Client:
         return StoredObject.model_validate(
             self._request("GET", f"/checkpoints/{checkpoint_id}").json()
         )
+
+    def delete_checkpoint(self, checkpoint_id: str) -> None:
+        """Forget a checkpoint (frees storage quota); Conflict while a job of yours uses it."""
+        self._delete("checkpoints", checkpoint_id)
+
+    def delete_dataset(self, dataset_id: str) -> None:
+        """Forget an uploaded dataset (frees storage quota); Conflict while a job uses it."""
+        self._delete("datasets", dataset_id)
+
+    def _delete(self, kind: str, object_id: str) -> None:
+        self._request("DELETE", f"/{kind}/{object_id}")
+        self._known.pop((kind, object_id), None)
+
+    def usage(self) -> Usage:
+        """This key's jobs in flight and bytes stored, against its quotas."""
+        return Usage.model_validate(self._request("GET", "/usage").json())
 
     def datasets(self) -> list[DatasetInfo]:
         """Built-in datasets and the ones this key uploaded."""

@@ -1,20 +1,26 @@
-"""POST/GET /checkpoints: safetensors weights, validated on the way in, stored by content."""
+"""/checkpoints: safetensors weights, validated on the way in, stored by content."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Request, Response
 from stitchsim.models import ErrorBody, StoredObject
+from stitchsim.safetensors_format import Header
 from stitchsim_service import objects
 from stitchsim_service.context import Context
 from stitchsim_service.deps import get_ctx, get_owner
 from stitchsim_service.errors import not_found
-from stitchsim_service.metrics import UPLOAD_BYTES
-from stitchsim_service.uploads import UPLOAD_OPENAPI, receive_single_file, validate_safetensors
+from stitchsim_service.uploads import UPLOAD_OPENAPI, UploadedFile
 
 router = APIRouter(prefix="/checkpoints", tags=["checkpoints"])
 
 _ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 413, 415, 422, 503)}
+
+
+async def _describe(upload: UploadedFile, header: Header) -> dict[str, Any]:
+    return objects.checkpoint_info(header)
 
 
 @router.post("", status_code=201, response_model=StoredObject,
@@ -23,23 +29,9 @@ _ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 413, 415, 422, 503)}
 async def upload_checkpoint(request: Request, response: Response,
                             ctx: Context = Depends(get_ctx),
                             owner: str = Depends(get_owner)) -> StoredObject:
-    upload = await receive_single_file(request, ctx.settings)
-    try:
-        header = await validate_safetensors(upload, ctx.settings, "checkpoint")
-        info = objects.checkpoint_info(header)
-        created = await to_thread.run_sync(objects.put_object, ctx, "checkpoints", upload)
-        try:
-            new = await to_thread.run_sync(objects.register, ctx, owner, "checkpoints", upload,
-                                           info)
-        except BaseException:
-            if created:
-                objects.rollback(ctx, [("checkpoints", upload.object_id)])
-            raise
-    finally:
-        upload.discard()
-    UPLOAD_BYTES.labels("checkpoints").inc(upload.size)
+    row, new = await objects.receive_and_store(request, ctx, owner, "checkpoints", _describe)
     response.status_code = 201 if new else 200
-    return StoredObject(id=upload.object_id, size=upload.size, **info)
+    return objects.stored_object(row)
 
 
 @router.get("", response_model=list[StoredObject], summary="Your checkpoints")
@@ -56,3 +48,13 @@ def get_checkpoint(checkpoint_id: str, ctx: Context = Depends(get_ctx),
     if row is None:
         raise not_found("checkpoint", checkpoint_id)
     return objects.stored_object(row)
+
+
+@router.delete("/{checkpoint_id}", status_code=204,
+               responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
+               summary="Forget one of your checkpoints (frees its storage quota)")
+async def delete_checkpoint(checkpoint_id: str, ctx: Context = Depends(get_ctx),
+                            owner: str = Depends(get_owner)) -> Response:
+    if not await to_thread.run_sync(objects.release, ctx, owner, "checkpoints", checkpoint_id):
+        raise not_found("checkpoint", checkpoint_id)
+    return Response(status_code=204)

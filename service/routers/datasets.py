@@ -1,21 +1,30 @@
-"""POST/GET /datasets: built-in names and uploaded dataset files."""
+"""/datasets: built-in names and uploaded dataset files."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Request, Response
-from stitchsim.models import DatasetInfo, ErrorBody
-from stitchsim.safetensors_format import SafetensorsError, check_dataset
+from stitchsim.models import BUILTIN_DATASETS, DatasetInfo, ErrorBody
+from stitchsim.safetensors_format import Header, SafetensorsError, check_dataset
 from stitchsim_service import objects
 from stitchsim_service.context import Context
 from stitchsim_service.deps import get_ctx, get_owner
-from stitchsim_service.errors import not_found, safetensors_error
-from stitchsim_service.metrics import UPLOAD_BYTES
-from stitchsim_service.uploads import UPLOAD_OPENAPI, receive_single_file, validate_safetensors
+from stitchsim_service.errors import ApiError, not_found, safetensors_error
+from stitchsim_service.uploads import UPLOAD_OPENAPI, UploadedFile
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
 _ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 413, 415, 422, 503)}
+
+
+async def _describe(upload: UploadedFile, header: Header) -> dict[str, Any]:
+    try:
+        ds = await to_thread.run_sync(check_dataset, upload.path, header)
+    except SafetensorsError as exc:
+        raise safetensors_error(exc, "dataset") from None
+    return objects.dataset_info(header, ds)
 
 
 @router.post("", status_code=201, response_model=DatasetInfo,
@@ -25,29 +34,9 @@ _ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 413, 415, 422, 503)}
 async def upload_dataset(request: Request, response: Response,
                          ctx: Context = Depends(get_ctx),
                          owner: str = Depends(get_owner)) -> DatasetInfo:
-    upload = await receive_single_file(request, ctx.settings)
-    try:
-        header = await validate_safetensors(upload, ctx.settings, "dataset")
-        try:
-            ds = await to_thread.run_sync(check_dataset, upload.path, header)
-        except SafetensorsError as exc:
-            raise safetensors_error(exc, "dataset") from None
-        info = objects.dataset_info(header, ds)
-        created = await to_thread.run_sync(objects.put_object, ctx, "datasets", upload)
-        try:
-            new = await to_thread.run_sync(objects.register, ctx, owner, "datasets", upload, info)
-        except BaseException:
-            if created:
-                objects.rollback(ctx, [("datasets", upload.object_id)])
-            raise
-    finally:
-        upload.discard()
-    UPLOAD_BYTES.labels("datasets").inc(upload.size)
+    row, new = await objects.receive_and_store(request, ctx, owner, "datasets", _describe)
     response.status_code = 201 if new else 200
-    return DatasetInfo(id=upload.object_id, builtin=False, size=upload.size,
-                       n_train=ds.n_train, n_test=ds.n_test, image_shape=list(ds.image_shape),
-                       n_classes=ds.n_classes,
-                       description=header.metadata.get("description", ""))
+    return objects.dataset_listing(row)
 
 
 @router.get("", response_model=list[DatasetInfo], summary="Built-in datasets and yours")
@@ -67,3 +56,16 @@ def get_dataset(dataset_id: str, ctx: Context = Depends(get_ctx),
     if row is None:
         raise not_found("dataset", dataset_id)
     return objects.dataset_listing(row)
+
+
+@router.delete("/{dataset_id}", status_code=204,
+               responses={s: {"model": ErrorBody} for s in (404, 409)},
+               summary="Forget one of your uploaded datasets (frees its storage quota)")
+async def delete_dataset(dataset_id: str, ctx: Context = Depends(get_ctx),
+                         owner: str = Depends(get_owner)) -> Response:
+    if dataset_id in BUILTIN_DATASETS:
+        raise ApiError(409, "builtin", f"{dataset_id} is a built-in dataset; it cannot be "
+                       "deleted and takes none of your storage quota", {"id": dataset_id})
+    if not await to_thread.run_sync(objects.release, ctx, owner, "datasets", dataset_id):
+        raise not_found("dataset", dataset_id)
+    return Response(status_code=204)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import binascii
 import json
+from datetime import datetime, timezone
 from typing import Literal
 
 from anyio import to_thread
@@ -16,6 +17,7 @@ from stitchsim_service.db import TERMINAL_STATES, JobRow
 from stitchsim_service.deps import get_ctx, get_owner
 from stitchsim_service.errors import ApiError, not_found
 from stitchsim_service.report_page import render_job_page
+from stitchsim_service.store import is_job_id
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -23,10 +25,20 @@ _404 = {404: {"model": ErrorBody}}
 
 
 def _job(ctx: Context, owner: str, job_id: str) -> JobRow:
-    row = jobs.get_job(ctx, owner, job_id)
+    # A malformed id names no job; checked first, as the job table cannot even be asked about
+    # some (PostgreSQL refuses a NUL byte).
+    row = jobs.get_job(ctx, owner, job_id) if is_job_id(job_id) else None
     if row is None:
         raise not_found("job", job_id)
     return row
+
+
+def _check_cursor(created: datetime, job_id: str) -> None:
+    """Raise for what a hand-made cursor may hold that the job table cannot compare with: a
+    naive or out-of-range time (OverflowError in UTC), a job id with a NUL byte."""
+    if created.tzinfo is None or not is_job_id(job_id):
+        raise ValueError("not a cursor of this service")
+    created.astimezone(timezone.utc)
 
 
 @router.get("", response_model=JobList, summary="Your jobs, newest first")
@@ -41,7 +53,8 @@ def list_jobs(
     if cursor:
         try:
             decoded = jobs.decode_cursor(cursor)
-        except (ValueError, binascii.Error, UnicodeDecodeError):
+            _check_cursor(*decoded)
+        except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
             raise ApiError(400, "bad_request", "cursor is not one this service issued") from None
     rows, nxt = jobs.list_jobs(ctx, owner, limit=limit, cursor=decoded, state=state)
     return JobList(items=[jobs.to_status(r, with_spec=False) for r in rows], next_cursor=nxt)

@@ -11,6 +11,7 @@ from anyio import to_thread
 from fastapi import APIRouter, Depends, Header, Request, Response
 from pydantic import ValidationError
 from stitchsim.models import BUILTIN_DATASETS, ErrorBody, JobCreated, LocalPath, Spec
+from stitchsim.safetensors_format import MAX_JSON_DEPTH, nested_deeper_than
 from stitchsim_service import jobs, objects
 from stitchsim_service.context import Context
 from stitchsim_service.deps import get_ctx, get_owner
@@ -53,10 +54,19 @@ def _spec_error(message: str, field: str | None = None, code: str = "invalid_spe
 
 
 def _parse_json(text: str, what: str) -> Any:
+    # Refused up front: past ~100 levels the parser, pydantic's serializer and json.dumps each
+    # give up with an exception of their own (a 500).
+    too_deep = ApiError(400, "bad_request",
+                        f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except ValueError as exc:
         raise ApiError(400, "bad_request", f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise too_deep from None
+    if nested_deeper_than(value, MAX_JSON_DEPTH):
+        raise too_deep
+    return value
 
 
 async def _read_json_body(request: Request, limit: int) -> Any:
@@ -211,14 +221,7 @@ async def _submit(request: Request, response: Response, ctx: Context, owner: str
                         "key for a new request", {"job_id": prior.id})
                 return _accepted(ctx, response, prior.id)
 
-        active = await to_thread.run_sync(jobs.active_count, ctx, owner)
-        if active >= settings.max_active_jobs_per_key:
-            raise ApiError(
-                429, "too_many_jobs",
-                f"you have {active} jobs queued or running, the limit per key is "
-                f"{settings.max_active_jobs_per_key}; wait for some to finish",
-                {"active": active, "limit": settings.max_active_jobs_per_key},
-                headers={"Retry-After": "30"})
+        await to_thread.run_sync(jobs.check_job_slot, ctx, owner)
 
         grants = []
         for up in uploads.values():

@@ -210,3 +210,23 @@ def test_timeout_exits_4_and_cancels_the_job(live_service: Any, ckpts: Any, tmp_
             assert time.monotonic() < deadline, job.last_status
             time.sleep(0.5)
     assert job.last_status is not None and job.last_status.state == "cancelled"
+
+
+def test_sdk_usage_and_delete(live_service: Any, tmp_path: Path) -> None:
+    import numpy as np
+
+    from tests.service.helpers import safetensors_bytes
+
+    path = tmp_path / "only-here.safetensors"  # bytes no other test uploads
+    path.write_bytes(safetensors_bytes({"w": np.random.default_rng(7).random(64, np.float32)}))
+    with Client(live_service.url, live_service.api_key) as client:
+        before = client.usage()
+        stored = client.upload_checkpoint(path)
+        after = client.usage()
+        assert after.stored_bytes == before.stored_bytes + stored.size == (
+            before.stored_bytes + path.stat().st_size)
+        assert after.max_stored_bytes > after.stored_bytes
+        assert after.active_jobs <= after.max_active_jobs
+        client.delete_checkpoint(stored.id)
+        assert client.usage().stored_bytes == before.stored_bytes
+        assert client.find_checkpoint(path) is None

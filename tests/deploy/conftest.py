@@ -32,11 +32,10 @@ from tests.deploy.live import (
 from tests.fixtures_service import (
     FAST_ENV,
     ServiceHandle,
-    _cli,
-    _create_key,
-    _postgres_database,
-    _redis_db,
+    cli_command,
     free_port,
+    postgres_database,
+    redis_db,
 )
 
 
@@ -74,13 +73,13 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 @pytest.fixture(scope="module")
 def deployment(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[Deployment]:
-    pg = _postgres_database()
+    pg = postgres_database()
     if pg is None:
         pytest.skip("PostgreSQL on 127.0.0.1:5432 does not answer (.ci/run starts it where "
                     "installed); the deployment's job table is PostgreSQL, so these tests "
                     "would prove nothing on SQLite")
     db_url, drop_db = pg
-    redis_url, release_redis = _redis_db()
+    redis_url, release_redis = redis_db()
     root = tmp_path_factory.mktemp("deploy")
     port = free_port()
     bucket, prefix = f"stitchsim-{uuid.uuid4().hex[:8]}", "store"
@@ -100,12 +99,13 @@ def deployment(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
         init = subprocess.run(store_init_command(), env=with_venv_path(envs["gateway@deploy-gw"]),
                               timeout=60, capture_output=True, text=True)
         assert init.returncode == 0, init.stdout + init.stderr
-        h.api_key = _create_key(h.env, "alice")
-        spawn(h, "gateway", _cli("gateway"), h.env)
+        h.api_key = h.create_key("alice")
+        spawn(h, "gateway", cli_command("gateway"), h.env)
         for node in GPU_NODES:
-            spawn(h, f"worker_{node}", _cli("worker", "--queues", "gpu", "--name", node),
+            spawn(h, f"worker_{node}", cli_command("worker", "--queues", "gpu", "--name", node),
                   envs[node])
-        spawn(h, "worker_checks", _cli("worker", "--queues", "checks", "--name", CHECKS_NODE),
+        spawn(h, "worker_checks",
+              cli_command("worker", "--queues", "checks", "--name", CHECKS_NODE),
               envs[CHECKS_NODE])
         wait_for_gpu_workers(h, len(GPU_NODES))
         yield Deployment(h, s3_server, bucket, prefix, hosts, envs)

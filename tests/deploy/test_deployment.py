@@ -23,7 +23,7 @@ from tests.deploy.live import (
     with_venv_path,
 )
 from tests.fixtures_models import Checkpoints
-from tests.fixtures_service import _cli, free_port
+from tests.fixtures_service import cli_command, free_port
 
 # Tiny: a few seconds of work per job on one CPU thread.
 SPEC: dict[str, Any] = {
@@ -108,7 +108,7 @@ def _second_gateway(d: Deployment) -> str:
     job at a time, so while one runs the next must go to the other)."""
     port = free_port()
     env = {**d.svc.env, "STITCHSIM_PORT": str(port), "STITCHSIM_CHECK_TIMEOUT_S": "0"}
-    spawn(d.svc, "gateway2", _cli("gateway"), env)
+    spawn(d.svc, "gateway2", cli_command("gateway"), env)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:

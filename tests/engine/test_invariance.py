@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -144,3 +145,29 @@ def test_both_directions_and_the_shortcut_control(ckpts, tmp_path: Path) -> None
     assert len(rows(report, control="shortcut")) == 4  # per direction and protocol
     for r in rows(report, control="identity", protocol="standard"):
         assert r.agreement >= 0.97
+
+
+def test_an_unwritable_cache_costs_the_cache_not_the_job(ckpts, tmp_path: Path) -> None:
+    s = spec(
+        ckpts.digits_resnet,
+        ckpts.digits_resnet_b,
+        objectives=["dm"],
+        protocols=["invariance_aware"],
+        layers=layers("layer4"),
+        train=FAST,
+        iri={"steps": 10},
+    )
+    clean = run(s, tmp_path / "ok").results[0]
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "iri").write_text("a file where the cache's folder should be")
+    first = run(s, blocked).results[0]
+    assert first.agreement == clean.agreement and not first.iri.cache_hit
+    assert not run(s, blocked).results[0].iri.cache_hit  # nothing was cached, nothing broke
+
+    # A writer killed mid-write a day ago left its temp dir: the next write clears it away.
+    abandoned = next((tmp_path / "ok" / "iri").glob("*")) / ".dead.0.tmp"
+    abandoned.mkdir()
+    os.utime(abandoned, (0, 0))
+    run(s.model_copy(update={"iri": s.iri.model_copy(update={"seed": 5})}), tmp_path / "ok")
+    assert not abandoned.exists()

@@ -73,3 +73,19 @@ def upload(client: Any, path: Path, endpoint: str = "/checkpoints") -> str:
         r = client.post(endpoint, files={"file": (path.name, fh)})
     assert r.status_code in (200, 201), r.text
     return str(r.json()["id"])
+
+
+def submit(svc: Any, spec: dict[str, Any]) -> str:
+    """POST /similarity with a JSON spec; the new job's id."""
+    with svc.client() as c:
+        r = c.post("/similarity", json=spec)
+    assert r.status_code == 202, r.text
+    return str(r.json()["job_id"])
+
+
+def job_report(svc: Any, job_id: str) -> dict[str, Any]:
+    """The JSON report of a finished job."""
+    with svc.client() as c:
+        r = c.get(f"/jobs/{job_id}/report")
+    assert r.status_code == 200, r.text
+    return dict(r.json())

@@ -47,6 +47,15 @@ def safetensors_bytes(tensors: dict[str, np.ndarray], metadata: dict[str, str] |
     return raw_safetensors(header, data)
 
 
+def restamp(data: bytes, **metadata: str) -> bytes:
+    """The same tensors with metadata added: new bytes, so a new id that no other test (or key)
+    has uploaded, for a file that still loads."""
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    header["__metadata__"] = {**header.get("__metadata__", {}), **metadata}
+    return raw_safetensors(header, data[8 + n:])
+
+
 def dataset_bytes(n_train: int = 40, n_test: int = 20, c: int = 3, hw: int = 8,
                   n_classes: int = 10, **overrides: np.ndarray) -> bytes:
     rng = np.random.default_rng(0)
@@ -58,3 +67,40 @@ def dataset_bytes(n_train: int = 40, n_test: int = 20, c: int = 3, hw: int = 8,
     }
     tensors.update(overrides)
     return safetensors_bytes(tensors)
+
+
+def torch_zip_bytes() -> bytes:
+    """What `torch.save` writes: a zip archive holding a pickle."""
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({"weight": torch.zeros(2)}, buf)
+    return buf.getvalue()
+
+
+# Routes anyone may call without a key: the probes an orchestrator and Prometheus call without
+# credentials, and the API's own description and docs pages (no user data in any of them).
+# Every other route needs a key when keys are required.
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics", "/openapi.json", "/docs",
+                          "/docs/oauth2-redirect", "/redoc"})
+
+
+def assert_error_body(response: Any) -> dict[str, Any]:
+    """A 4xx/5xx body has exactly the contract's error shape and says something; returns it."""
+    assert "Traceback" not in response.text, response.text
+    data = response.json()
+    assert set(data) == {"error"}, data
+    err = data["error"]
+    assert set(err) == {"code", "message", "details"}, err
+    assert isinstance(err["code"], str) and err["code"], err
+    assert isinstance(err["message"], str) and err["message"].strip(), err
+    return dict(err)
+
+
+def service_state(svc: Any) -> tuple[list[str], int, int, int]:
+    """What a refused request must not change: store and tmp files, rows of jobs, objects and
+    ownership."""
+    return (svc.store_files(), svc.count_rows("jobs"), svc.count_rows("objects"),
+            svc.count_rows("ownership"))

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import pickle
-import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from io import BytesIO
 from typing import Any
 
 import httpx
@@ -16,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.service.conftest import tiny_spec, upload
-from tests.service.helpers import dataset_bytes, raw_safetensors
+from tests.service.helpers import dataset_bytes, raw_safetensors, torch_zip_bytes
 
 T = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
 
@@ -47,13 +45,6 @@ def _spec(**over: Any) -> Callable[..., httpx.Response]:
 
 
 _DROP = object()
-
-
-def _torch_zip() -> bytes:
-    buf = BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        z.writestr("archive/data.pkl", pickle.dumps({"w": 1}))
-    return buf.getvalue()
 
 
 def _multipart_new_files_bad_layer(c: httpx.Client, env: dict[str, Any]) -> httpx.Response:
@@ -89,7 +80,7 @@ def _declared_too_large(c: httpx.Client, env: dict[str, Any]) -> httpx.Response:
 CASES = [
     Case("pickle", _file(pickle.dumps({"weight": [1.0, 2.0]})), 415, "unsupported_format",
          "safetensors"),
-    Case("torch.save zip", _file(_torch_zip()), 415, "unsupported_format", "torch.save"),
+    Case("torch.save zip", _file(torch_zip_bytes()), 415, "unsupported_format", "torch.save"),
     Case("truncated", _file(raw_safetensors({"a": T}, b"\0" * 5)), 422, "invalid_safetensors",
          "truncated"),
     Case("empty file", _file(b""), 422, "invalid_safetensors", "empty"),

@@ -6,23 +6,7 @@ from __future__ import annotations
 import signal
 import time
 
-from stitchsim.models import Report
-
-from tests.service.conftest import tiny_spec, upload
-
-
-def _submit(svc, spec) -> str:  # type: ignore[no-untyped-def]
-    with svc.client() as c:
-        r = c.post("/similarity", json=spec)
-        assert r.status_code == 202, r.text
-        return str(r.json()["job_id"])
-
-
-def _report(svc, job_id: str) -> Report:  # type: ignore[no-untyped-def]
-    with svc.client() as c:
-        r = c.get(f"/jobs/{job_id}/report")
-        assert r.status_code == 200, r.text
-        return Report.model_validate(r.json())
+from tests.service.conftest import job_report, submit, tiny_spec, upload
 
 
 def _scenario(svc, ckpts, restart_gateway, restart_workers) -> None:  # type: ignore[no-untyped-def]
@@ -30,15 +14,15 @@ def _scenario(svc, ckpts, restart_gateway, restart_workers) -> None:  # type: ig
         front = upload(c, ckpts.digits_resnet)
         back = upload(c, ckpts.digits_resnet_b)
     spec = tiny_spec({"checkpoint": front}, {"checkpoint": back})
-    done = _submit(svc, {**spec, "directions": "back_to_front"})
+    done = submit(svc, {**spec, "directions": "back_to_front"})
     svc.wait_job(done)
-    before = _report(svc, done)
+    before = job_report(svc, done)
 
     # Long enough (many epochs) to be killed while it runs.
-    running = _submit(svc, {**spec, "train": {**spec["train"], "epochs": 20,
+    running = submit(svc, {**spec, "train": {**spec["train"], "epochs": 20,
                                               "max_train_samples": 400}})
     svc.wait_job(running, states=("running", "succeeded", "failed"), interval=0.02)
-    queued = _submit(svc, {**spec, "train": {**spec["train"], "seed": 4}})
+    queued = submit(svc, {**spec, "train": {**spec["train"], "seed": 4}})
 
     killed = svc.kill_workers("gpu")
     assert killed, "no gpu worker to kill"
@@ -49,7 +33,7 @@ def _scenario(svc, ckpts, restart_gateway, restart_workers) -> None:  # type: ig
     assert final["state"] == "succeeded", final
     assert final["attempts"] >= 2, final  # the killed attempt counted
     assert svc.wait_job(queued, timeout=180)[-1]["state"] == "succeeded"
-    assert _report(svc, done).model_dump() == before.model_dump()
+    assert job_report(svc, done) == before
 
 
 def test_embedded_worker_kill_and_gateway_restart(service_factory, ckpts) -> None:  # type: ignore[no-untyped-def]

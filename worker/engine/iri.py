@@ -8,6 +8,7 @@ that does not share its invariances can.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -87,10 +88,22 @@ class IRICache:
     def store(
         self, key: str, images: Bank, start: np.ndarray, final: np.ndarray, meta: dict
     ) -> None:
-        entry = self._dir(key)
+        """Write an entry; a cache that cannot be written (disk full, read-only) only costs
+        the next job the synthesis, so the job goes on without it."""
         # Workers on other hosts may share this cache and reuse pids: a random name is unique.
-        tmp = entry.with_name(f".{key}.{uuid.uuid4().hex}.tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
+        tmp = self._dir(key).with_name(f".{key}.{uuid.uuid4().hex}.tmp")
+        try:
+            self._write(tmp, key, images, start, final, meta)
+        except OSError as e:
+            log.warning("IRI cache entry %s not written (%s); going on without it", key, e)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        self._forget_abandoned()
+
+    def _write(
+        self, tmp: Path, key: str, images: Bank, start: np.ndarray, final: np.ndarray, meta: dict
+    ) -> None:
+        entry = self._dir(key)
         tmp.mkdir(parents=True)
         out = np.lib.format.open_memmap(
             tmp / "images.npy", mode="w+", dtype=np.float32, shape=(images.n, *images.shape)
@@ -104,16 +117,23 @@ class IRICache:
         files = {name: file_sha256(tmp / name) for name in ("images.npy", "start.npy", "final.npy")}
         (tmp / "meta.json").write_text(json.dumps({**meta, "files": files}))
         if (entry / "meta.json").exists():  # a concurrent job finished the same entry first
-            shutil.rmtree(tmp, ignore_errors=True)
             return
         shutil.rmtree(entry, ignore_errors=True)  # a partial entry left by a dead writer
         try:
             os.replace(tmp, entry)
         except OSError:
             # Another writer's complete entry landed in between: keep theirs.
-            shutil.rmtree(tmp, ignore_errors=True)
             if not (entry / "meta.json").exists():
                 raise
+
+    def _forget_abandoned(self, older_than_s: float = 24 * 3600) -> None:
+        # Temp dirs of writers killed mid-write are never read; a day is far longer than any
+        # write, so an old one has no live writer.
+        cutoff = time.time() - older_than_s
+        for tmp in self.root.glob("*/.*.tmp"):
+            with contextlib.suppress(OSError):
+                if tmp.stat().st_mtime < cutoff:
+                    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def synthesize(
