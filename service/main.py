@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 import stitchsim
 from fastapi import FastAPI
+from stitchsim.models import ErrorBody
 from stitchsim_service.auth import REDACT_KEYS
 from stitchsim_service.context import Context
 from stitchsim_service.errors import install_handlers
@@ -54,7 +55,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_handlers(app)
     app.add_middleware(MetricsMiddleware)
+    # Every route that needs a key can answer 401, and 503 when the job table or store is down.
+    keyed = {s: {"model": ErrorBody} for s in (401, 503)}
     for r in (checkpoints.router, datasets.router, similarity.router, jobs.router,
-              usage.router, health.router):
-        app.include_router(r)
+              usage.router):
+        app.include_router(r, responses=keyed)  # type: ignore[arg-type]
+    app.include_router(health.router)
     return app

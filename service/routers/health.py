@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import select
 from starlette.responses import Response
+from stitchsim.models import ErrorBody
 from stitchsim_service.context import Context
 from stitchsim_service.db import WorkerRow, utcnow
 from stitchsim_service.deps import get_ctx
@@ -32,7 +33,8 @@ def _check(fn: Any) -> dict[str, Any]:
         return {"ok": False, "error": str(exc)[:300]}
 
 
-@router.get("/readyz", summary="Job table, store and broker reachable, workers seen")
+@router.get("/readyz", summary="Job table, store and broker reachable, workers seen",
+            responses={503: {"model": ErrorBody, "description": "not ready; details say why"}})
 def readyz(ctx: Context = Depends(get_ctx)) -> JSONResponse:
     def workers() -> dict[str, Any]:
         cutoff = utcnow() - timedelta(seconds=max(30.0, 3 * ctx.settings.heartbeat_s))

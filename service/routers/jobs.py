@@ -41,7 +41,9 @@ def _check_cursor(created: datetime, job_id: str) -> None:
     created.astimezone(timezone.utc)
 
 
-@router.get("", response_model=JobList, summary="Your jobs, newest first")
+@router.get("", response_model=JobList, summary="Your jobs, newest first",
+            responses={400: {"model": ErrorBody, "description": "a cursor this service did "
+                                                               "not issue"}})
 def list_jobs(
     ctx: Context = Depends(get_ctx),
     owner: str = Depends(get_owner),
