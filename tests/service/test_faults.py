@@ -232,10 +232,12 @@ def test_job_that_kills_its_worker_every_time_fails_after_the_cap(
 
 @dataclass
 class PrivateRedis:
-    """A redis-server of this test's own, append-only with fsync on every write."""
+    """A redis-server of this test's own: append-only with fsync on every write, or (not
+    persistent) keeping nothing, so that a restart empties it."""
 
     port: int
     data_dir: Path
+    persistent: bool = True
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -246,8 +248,9 @@ class PrivateRedis:
         with open(self.data_dir / "redis.log", "ab") as log:
             self.proc = subprocess.Popen(
                 ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                 "--dir", str(self.data_dir), "--appendonly", "yes", "--appendfsync", "always",
-                 "--save", ""], stdout=log, stderr=log, start_new_session=True)
+                 "--dir", str(self.data_dir), "--appendonly",
+                 "yes" if self.persistent else "no", "--appendfsync", "always", "--save", ""],
+                stdout=log, stderr=log, start_new_session=True)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             with contextlib.suppress(redis.ConnectionError):
@@ -264,9 +267,9 @@ class PrivateRedis:
         self.proc.wait(10)
 
 
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(free_port(), tmp_path)
+@pytest.fixture(params=[True, False], ids=["persistent", "not-persistent"])
+def private_redis(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(free_port(), tmp_path, persistent=request.param)
     server.start()
     yield server
     if server.proc is not None and server.proc.poll() is None:
@@ -275,6 +278,8 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
 
 def test_redis_restart_mid_job_loses_no_job(private_redis: PrivateRedis,
                                             service_factory: Any, ckpts: Any) -> None:
+    # Persistent: the queue survives the restart. Not persistent: it comes back empty, and the
+    # gateway's reaper re-sends the queued jobs from the job table (the table is the truth).
     # private_redis first: set up before the service, so it is torn down after it.
     svc = service_factory.redis(redis_url=private_redis.url)
     front, back = _ids(svc, ckpts)
@@ -297,6 +302,9 @@ def test_redis_restart_mid_job_loses_no_job(private_redis: PrivateRedis,
     logs = svc.logs(tail=10**7)
     assert all(logs.count(f"job {j}: succeeded") == 1 for j in [running, *queued]), logs
     assert "superseded" not in logs
+    if not private_redis.persistent:
+        # The queue came back empty: only the reaper's re-sends can have run the queued jobs.
+        assert any(f"requeueing job {j}" in logs for j in queued), logs[-4000:]
 
 
 # ---------------------------------------------------------------- gateway killed mid-upload
