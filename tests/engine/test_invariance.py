@@ -79,8 +79,8 @@ def test_iris_converge_and_are_reused_from_the_cache(ckpts, tmp_path: Path) -> N
     assert not third.results[0].iri.cache_hit
 
 
-def test_corrupt_and_partial_cache_entries_are_rebuilt(ckpts, tmp_path: Path) -> None:
-    s = spec(
+def _quick_iri_spec(ckpts):  # type: ignore[no-untyped-def]
+    return spec(
         ckpts.digits_resnet,
         ckpts.digits_resnet_b,
         objectives=["dm"],
@@ -89,6 +89,10 @@ def test_corrupt_and_partial_cache_entries_are_rebuilt(ckpts, tmp_path: Path) ->
         train=FAST,
         iri={"steps": 10},
     )
+
+
+def test_corrupt_and_partial_cache_entries_are_rebuilt(ckpts, tmp_path: Path) -> None:
+    s = _quick_iri_spec(ckpts)
     clean = run(s, tmp_path).results[0]
     (entry,) = [p.parent for p in (tmp_path / "iri").rglob("meta.json")]
     images = np.load(entry / "images.npy", mmap_mode="r+")
@@ -148,15 +152,7 @@ def test_both_directions_and_the_shortcut_control(ckpts, tmp_path: Path) -> None
 
 
 def test_an_unwritable_cache_costs_the_cache_not_the_job(ckpts, tmp_path: Path) -> None:
-    s = spec(
-        ckpts.digits_resnet,
-        ckpts.digits_resnet_b,
-        objectives=["dm"],
-        protocols=["invariance_aware"],
-        layers=layers("layer4"),
-        train=FAST,
-        iri={"steps": 10},
-    )
+    s = _quick_iri_spec(ckpts)
     clean = run(s, tmp_path / "ok").results[0]
     blocked = tmp_path / "blocked"
     blocked.mkdir()
