@@ -96,23 +96,19 @@ def install_handlers(app: FastAPI) -> None:
             body(exc.code, exc.message, exc.details), status_code=exc.status, headers=exc.headers
         )
 
+    def _invalid(code: str, what: str, exc: RequestValidationError | ValidationError
+                 ) -> JSONResponse:
+        errors = list(exc.errors())
+        return JSONResponse(body(code, validation_message(what, errors),
+                                 validation_details(errors)), status_code=422)
+
     @app.exception_handler(RequestValidationError)
     async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        return JSONResponse(
-            body("invalid_request", validation_message("invalid request", errors),
-                 validation_details(errors)),
-            status_code=422,
-        )
+        return _invalid("invalid_request", "invalid request", exc)
 
     @app.exception_handler(ValidationError)
     async def _pydantic_validation(request: Request, exc: ValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        return JSONResponse(
-            body("invalid_spec", validation_message("invalid spec", errors),
-                 validation_details(errors)),
-            status_code=422,
-        )
+        return _invalid("invalid_spec", "invalid spec", exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

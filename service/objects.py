@@ -92,7 +92,7 @@ async def receive_and_store(request: Request, ctx: Context, owner: str, kind: st
         info = await describe(upload, header)
         created = await to_thread.run_sync(put_object, ctx, kind, upload)
         try:
-            new = await to_thread.run_sync(register, ctx, owner, kind, upload, info)
+            row, new = await to_thread.run_sync(register, ctx, owner, kind, upload, info)
         except BaseException:
             if created:
                 await to_thread.run_sync(rollback, ctx, [(kind, upload.object_id)])
@@ -100,8 +100,6 @@ async def receive_and_store(request: Request, ctx: Context, owner: str, kind: st
     finally:
         upload.discard()
     UPLOAD_BYTES.labels(kind).inc(upload.size)
-    row = await to_thread.run_sync(owned, ctx, owner, kind, upload.object_id)
-    assert row is not None
     return row, new
 
 
@@ -111,18 +109,20 @@ def put_object(ctx: Context, kind: str, upload: UploadedFile) -> bool:
 
 
 def register(ctx: Context, owner: str, kind: str, upload: UploadedFile,
-             info: dict[str, Any]) -> bool:
-    """Record the object and grant it to owner within its storage quota (413 beyond); True
-    when owner did not have it before."""
+             info: dict[str, Any]) -> tuple[ObjectRow, bool]:
+    """Record the object and grant it to owner within its storage quota (413 beyond); returns
+    the object and whether owner did not have it before."""
     with ctx.db.write() as s:
         new_for_owner = grant_existing(s, ctx.settings, owner, kind, upload.object_id,
                                        upload.size, info)
+        row = s.get(ObjectRow, (kind, upload.object_id))
+        assert row is not None
     # A failed submission elsewhere may have rolled the bytes back between our put and our
     # grant; now that we own it, it must stay, so put it back.
     key = object_key(kind, upload.object_id)
     if not ctx.store.has(key):
         ctx.store.put_file(key, upload.path)
-    return new_for_owner
+    return row, new_for_owner
 
 
 def grant_existing(session: Session, settings: Settings, owner: str, kind: str,

@@ -354,8 +354,13 @@ def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
         if not args.wait:
             print(job.id, file=out)
             return EXIT_PASS
-        report = _wait(job, args, settings, cancel=False)
-        _write_outputs(job, args)
+        return _wait_and_print(job, args, settings, out)
+
+
+def _wait_and_print(job: Job, args: argparse.Namespace, settings: Settings,
+                    out: TextIO) -> int:
+    report = _wait(job, args, settings, cancel=False)
+    _write_outputs(job, args)
     print(_table(report), file=out)
     return EXIT_PASS
 
@@ -419,11 +424,7 @@ def cmd_jobs_cancel(args: argparse.Namespace, out: TextIO) -> int:
 def cmd_jobs_wait(args: argparse.Namespace, out: TextIO) -> int:
     settings = _settings(args)
     with _client(settings) as client:
-        job = client.job(args.job_id)
-        report = _wait(job, args, settings, cancel=False)
-        _write_outputs(job, args)
-    print(_table(report), file=out)
-    return EXIT_PASS
+        return _wait_and_print(client.job(args.job_id), args, settings, out)
 
 
 def cmd_report(args: argparse.Namespace, out: TextIO) -> int:

@@ -388,6 +388,12 @@ class Client:
 
     # ------------------------------------------------------------ transport
 
+    def _pause(self, method: str, path: str, why: str, delay: float, attempt: int,
+               retries: int) -> None:
+        log.warning("%s %s: %s; retrying in %.1fs (%d/%d)", method, path, why, delay,
+                    attempt + 1, retries)
+        self._sleep(delay)
+
     def _request(
         self,
         method: str,
@@ -412,32 +418,15 @@ class Client:
                         f"{_describe(exc)}",
                         self.base_url,
                     ) from exc
-                delay = self._backoff_delay(attempt)
-                log.warning(
-                    "%s %s: %s; retrying in %.1fs (%d/%d)",
-                    method,
-                    path,
-                    _describe(exc),
-                    delay,
-                    attempt + 1,
-                    retries,
-                )
-                self._sleep(delay)
+                self._pause(method, path, _describe(exc), self._backoff_delay(attempt),
+                            attempt, retries)
                 attempt += 1
                 continue
             if response.status_code in RETRY_STATUSES and attempt < retries:
                 delay = self._retry_delay(response, attempt)
                 if delay is not None:
-                    log.warning(
-                        "%s %s: HTTP %d; retrying in %.1fs (%d/%d)",
-                        method,
-                        path,
-                        response.status_code,
-                        delay,
-                        attempt + 1,
-                        retries,
-                    )
-                    self._sleep(delay)
+                    self._pause(method, path, f"HTTP {response.status_code}", delay, attempt,
+                                retries)
                     attempt += 1
                     continue
             if response.is_error:
