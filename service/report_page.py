@@ -636,7 +636,7 @@ def verdict_sentence(report: Report) -> tuple[str, str]:
     """(verdict word, plain-words explanation); the word is exactly the JSON verdict, or
     "none" when there is none."""
     s = report.summary
-    verdict = report.verdict if report.verdict is not None else s.verdict
+    verdict = report.verdict
     meaning = (
         "Similarity is the stitched models' mean agreement with the model they end in, over the "
         f"stitch points, under the {PROTOCOL_LABEL[s.similarity_protocol]} protocol, in the "

@@ -18,6 +18,12 @@ Directions = Literal["front_to_back", "back_to_front", "both"]
 Control = Literal["clustered_noise", "identity", "shortcut"]
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Verdict = Literal["similar", "dissimilar"]
+Preprocessing = Literal["auto", "timm", "none", "inception"]
+"""How pixels in [0,1] reach a model: `timm` normalises with the architecture's pretrained
+config (ImageNet mean/std for most), `none` feeds plain [0,1] pixels, `inception` maps them to
+[-1,1] (mean = std = 0.5), and `auto` (the default) takes the checkpoint's metadata, else
+measures the candidates on labelled samples and keeps the best-predicting one."""
+PreprocessSource = Literal["spec", "metadata", "measured", "default"]
 
 OBJECTIVES: tuple[Objective, ...] = ("hlm", "slm", "dm", "fula")
 PROTOCOLS: tuple[Protocol, ...] = ("standard", "invariance_aware")
@@ -54,6 +60,11 @@ class ModelRef(_Strict):
     )
     input_size: int | None = Field(
         default=None, ge=8, le=1024, description="square side the images are resized to"
+    )
+    preprocess: Preprocessing = Field(
+        default="auto",
+        description="auto: metadata, else measured on labelled samples; timm | none | inception "
+        "force one; explicit mean/std win over all of these",
     )
     mean: tuple[float, float, float] | None = None
     std: tuple[float, float, float] | None = None
@@ -169,6 +180,11 @@ class IRIStats(BaseModel):
     cache_hit: bool
     n: int
     seconds: float
+    converged_below: float = Field(default=0.25, description="the convergence line used")
+    steps: int = Field(default=0, description="the step budget per sample")
+    steps_used: float | None = Field(
+        default=None, description="mean steps a sample actually took (early stopping)"
+    )
 
 
 class ResultRow(BaseModel):
@@ -196,6 +212,28 @@ class ResultRow(BaseModel):
     rolled_agreement: float | None = None
 
 
+class PreprocessCandidate(BaseModel):
+    name: str
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    accuracy: float = Field(description="accuracy on the labelled samples it was measured on")
+
+
+class PreprocessInfo(BaseModel):
+    """The preprocessing a model was evaluated with, and how it was chosen."""
+
+    name: str = Field(description="timm | none | inception | custom")
+    input_size: int
+    mean: tuple[float, float, float]
+    std: tuple[float, float, float]
+    source: PreprocessSource
+    note: str = Field(default="", description="how it was chosen, in words")
+    candidates: list[PreprocessCandidate] = Field(
+        default=[], description="what was measured when source is 'measured'"
+    )
+    samples: int = Field(default=0, description="labelled samples the candidates were scored on")
+
+
 class ModelSummary(BaseModel):
     checkpoint: str
     arch: str
@@ -204,6 +242,13 @@ class ModelSummary(BaseModel):
     accuracy_ci: tuple[float, float]
     input_size: int
     layers: list[str] = Field(default=[], description="stitch points used on this model")
+    preprocess: PreprocessInfo | None = None
+    chance_accuracy: float | None = Field(
+        default=None, description="1 / number of classes of the dataset"
+    )
+    near_chance: bool = Field(
+        default=False, description="accuracy indistinguishable from guessing: figures unreliable"
+    )
 
 
 class SummaryRow(BaseModel):
@@ -211,6 +256,19 @@ class SummaryRow(BaseModel):
     direction: Direction
     objective: Objective
     mean_agreement: float
+
+
+class DropRow(BaseModel):
+    """Standard minus invariance-aware agreement: what the standard protocol hides. Rows with
+    front_layer/back_layer null are the means over stitch points."""
+
+    direction: Direction
+    objective: Objective
+    front_layer: str | None = None
+    back_layer: str | None = None
+    standard: float
+    invariance_aware: float
+    drop: float
 
 
 class Summary(BaseModel):
@@ -224,8 +282,14 @@ class Summary(BaseModel):
     )
     similarity: float
     similarity_protocol: Protocol
+    weaker_direction: Direction | None = Field(
+        default=None, description="the direction whose figure is the similarity"
+    )
     threshold: float | None
-    verdict: Verdict | None
+    drops: list[DropRow] = Field(
+        default=[], description="per direction and objective: the mean over stitch points "
+        "(layers null), then each stitch point; only when both protocols ran"
+    )
 
 
 class Report(BaseModel):
@@ -238,6 +302,12 @@ class Report(BaseModel):
     controls: list[ResultRow] = []
     summary: Summary
     verdict: Verdict | None
+    verdict_reason: str | None = Field(
+        default=None, description="why there is no verdict although a threshold was given"
+    )
+    verdict_caveats: list[str] = Field(
+        default=[], description="what the verdict's figure rests on that weakens it"
+    )
     warnings: list[str] = []
     environment: dict[str, Any] = {}
 

@@ -131,7 +131,7 @@ def summary_lines(report: Report) -> list[str]:
 
 def verdict_line(report: Report) -> str:
     s = report.summary
-    verdict = report.verdict if report.verdict is not None else s.verdict
+    verdict = report.verdict
     figure = f"similarity {s.similarity:.3f} ({s.similarity_protocol}, weaker direction)"
     if verdict is None or s.threshold is None:
         return f"VERDICT: none (no threshold set); {figure}"

@@ -109,7 +109,6 @@ def make_report(
             similarity=similarity,
             similarity_protocol=sim_protocol,
             threshold=spec.threshold,
-            verdict=verdict,
         ),
         verdict=verdict,
     )

@@ -17,6 +17,7 @@ from stitchsim.models import (
     Spec,
     Summary,
     SummaryRow,
+    Verdict,
 )
 
 LAYERS = ("layer1", "layer2", "layer3")
@@ -128,7 +129,7 @@ def make_sample_report(threshold: float | None = 0.75, shift: float = 0.0,
                           accuracy_ci=(0.94, 0.969), input_size=32, layers=list(back_layers)),
         dataset={"name": "digits", "n_train": 1437, "n_test": 360, "n_classes": 10,
                  "image_shape": [3, 32, 32]},
-        results=results, controls=controls, summary=summary, verdict=summary.verdict,
+        results=results, controls=controls, summary=summary, verdict=_verdict(summary),
         warnings=warnings or [],
         environment={"stitchsim": "0.1.0", "torch": "2.14.1", "timm": "1.0.31",
                      "device": "cpu", "seed": 0, "durations_s": {"train": 52.1, "iri": 31.9}},
@@ -147,8 +148,11 @@ def summarise(results: list[ResultRow], threshold: float | None) -> Summary:
         by_protocol[row.protocol] = min(by_protocol.get(row.protocol, 1.0), row.mean_agreement)
     protocol: Protocol = "invariance_aware" if "invariance_aware" in by_protocol else "standard"
     similarity = by_protocol[protocol]
-    verdict = None
-    if threshold is not None:
-        verdict = "similar" if similarity >= threshold else "dissimilar"
     return Summary(rows=rows, by_protocol=by_protocol, similarity=similarity,
-                   similarity_protocol=protocol, threshold=threshold, verdict=verdict)
+                   similarity_protocol=protocol, threshold=threshold)
+
+
+def _verdict(summary: Summary) -> Verdict | None:
+    if summary.threshold is None:
+        return None
+    return "similar" if summary.similarity >= summary.threshold else "dissimilar"

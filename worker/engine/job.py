@@ -23,6 +23,7 @@ from stitchsim.models import (
     Spec,
     Summary,
     SummaryRow,
+    Verdict,
 )
 from stitchsim_worker.engine import iri as iri_mod
 from stitchsim_worker.engine.bank import Bank, BankBuilder
@@ -537,9 +538,6 @@ def summarise(spec: Spec, rows: list[ResultRow]) -> Summary:
     by_protocol = {protocol: min(means.values()) for protocol, means in by_direction.items()}
     used: Protocol = "invariance_aware" if "invariance_aware" in by_protocol else "standard"
     similarity = by_protocol[used]
-    verdict = None
-    if spec.threshold is not None:
-        verdict = "similar" if similarity >= spec.threshold else "dissimilar"
     return Summary(
         rows=summary_rows,
         by_direction=by_direction,
@@ -547,8 +545,13 @@ def summarise(spec: Spec, rows: list[ResultRow]) -> Summary:
         similarity=similarity,
         similarity_protocol=used,
         threshold=spec.threshold,
-        verdict=verdict,
     )
+
+
+def _verdict(summary: Summary) -> Verdict | None:
+    if summary.threshold is None:
+        return None
+    return "similar" if summary.similarity >= summary.threshold else "dissimilar"
 
 
 def _model_summary(
@@ -633,7 +636,7 @@ def run_job(
         results=results,
         controls=controls,
         summary=summary,
-        verdict=summary.verdict,
+        verdict=_verdict(summary),
         warnings=job.warnings,
         environment=_environment(device, tracker, spec.train.seed, time.perf_counter() - t0),
     )
