@@ -21,9 +21,6 @@ from stitchsim.models import (
     Report,
     ResultRow,
     Spec,
-    Summary,
-    SummaryRow,
-    Verdict,
 )
 from stitchsim_worker.engine import iri as iri_mod
 from stitchsim_worker.engine.bank import Bank, BankBuilder
@@ -42,6 +39,7 @@ from stitchsim_worker.engine.network import Network, pair_points
 from stitchsim_worker.engine.progress import Tracker
 from stitchsim_worker.engine.resources import CancelFn, ProgressFn, Resources
 from stitchsim_worker.engine.stitch import StitchLayer
+from stitchsim_worker.engine.summary import summarise, verdict
 from stitchsim_worker.engine.train import (
     Split,
     direct_matching_loss,
@@ -518,42 +516,6 @@ def _plan_units(spec: Spec, prep: Prepared) -> int:
     return 2 * math.ceil(n_te / EVAL_BATCH) + n_dir * len(prep.pairs) * per_run * runs
 
 
-def summarise(spec: Spec, rows: list[ResultRow]) -> Summary:
-    groups: dict[tuple[Protocol, Direction, Objective], list[float]] = {}
-    for r in rows:
-        groups.setdefault((r.protocol, r.direction, r.objective), []).append(r.agreement)
-    summary_rows = [
-        SummaryRow(protocol=p, direction=d, objective=o, mean_agreement=float(np.mean(v)))
-        for (p, d, o), v in groups.items()
-    ]
-    by_direction = {
-        protocol: {
-            d: float(
-                np.mean([r.agreement for r in rows if r.protocol == protocol and r.direction == d])
-            )
-            for d in spec.direction_list()
-        }
-        for protocol in spec.protocols
-    }
-    by_protocol = {protocol: min(means.values()) for protocol, means in by_direction.items()}
-    used: Protocol = "invariance_aware" if "invariance_aware" in by_protocol else "standard"
-    similarity = by_protocol[used]
-    return Summary(
-        rows=summary_rows,
-        by_direction=by_direction,
-        by_protocol=by_protocol,
-        similarity=similarity,
-        similarity_protocol=used,
-        threshold=spec.threshold,
-    )
-
-
-def _verdict(summary: Summary) -> Verdict | None:
-    if summary.threshold is None:
-        return None
-    return "similar" if summary.similarity >= summary.threshold else "dissimilar"
-
-
 def _model_summary(
     net: Network, identity: dict, logits: Bank, labels: torch.Tensor, points: list[str], seed: int
 ) -> ModelSummary:
@@ -636,7 +598,7 @@ def run_job(
         results=results,
         controls=controls,
         summary=summary,
-        verdict=_verdict(summary),
+        verdict=verdict(summary),
         warnings=job.warnings,
         environment=_environment(device, tracker, spec.train.seed, time.perf_counter() - t0),
     )

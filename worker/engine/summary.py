@@ -1,0 +1,87 @@
+"""Summary definitions (DESIGN §1): the one place where the similarity figure, the verdict and
+the drop are computed. Clients only read them from the report."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+from stitchsim.models import (
+    Direction,
+    DropRow,
+    Objective,
+    Protocol,
+    ResultRow,
+    Spec,
+    Summary,
+    SummaryRow,
+    Verdict,
+)
+
+
+def _mean(values: Iterable[float]) -> float:
+    return float(np.mean(list(values)))
+
+
+def _drops(rows: list[ResultRow]) -> list[DropRow]:
+    """Standard minus invariance-aware agreement, per point and as the mean over points."""
+    by_point: dict[tuple[Direction, Objective, str, str], dict[Protocol, float]] = {}
+    for r in rows:
+        key = (r.direction, r.objective, r.front_layer, r.back_layer)
+        by_point.setdefault(key, {})[r.protocol] = r.agreement
+    points = [
+        (key, v["standard"], v["invariance_aware"])
+        for key, v in by_point.items()
+        if "standard" in v and "invariance_aware" in v
+    ]
+    means: dict[tuple[Direction, Objective], list[tuple[float, float]]] = {}
+    for (d, o, _, _), std, inv in points:
+        means.setdefault((d, o), []).append((std, inv))
+    out = []
+    for (d, o), pairs in means.items():
+        std, inv = _mean(p[0] for p in pairs), _mean(p[1] for p in pairs)
+        out.append(DropRow(direction=d, objective=o, standard=std, invariance_aware=inv,
+                           drop=std - inv))
+    for (d, o, fl, bl), std, inv in points:
+        out.append(DropRow(direction=d, objective=o, front_layer=fl, back_layer=bl,
+                           standard=std, invariance_aware=inv, drop=std - inv))
+    return out
+
+
+def summarise(spec: Spec, rows: list[ResultRow]) -> Summary:
+    """Mean agreement over stitch points (rAuA) per protocol, direction and objective; the
+    similarity is the invariance-aware figure when that protocol ran, else the standard one,
+    taken in the weaker direction."""
+    groups: dict[tuple[Protocol, Direction, Objective], list[float]] = {}
+    for r in rows:
+        groups.setdefault((r.protocol, r.direction, r.objective), []).append(r.agreement)
+    summary_rows = [
+        SummaryRow(protocol=p, direction=d, objective=o, mean_agreement=_mean(v))
+        for (p, d, o), v in groups.items()
+    ]
+    by_direction = {
+        protocol: {
+            d: _mean(r.agreement for r in rows if r.protocol == protocol and r.direction == d)
+            for d in spec.direction_list()
+        }
+        for protocol in spec.protocols
+    }
+    by_protocol = {protocol: min(means.values()) for protocol, means in by_direction.items()}
+    used: Protocol = "invariance_aware" if "invariance_aware" in by_protocol else "standard"
+    weaker = min(by_direction[used], key=by_direction[used].__getitem__)
+    return Summary(
+        rows=summary_rows,
+        by_direction=by_direction,
+        by_protocol=by_protocol,
+        similarity=by_protocol[used],
+        similarity_protocol=used,
+        weaker_direction=weaker,  # type: ignore[arg-type]
+        threshold=spec.threshold,
+        drops=_drops(rows),
+    )
+
+
+def verdict(summary: Summary) -> Verdict | None:
+    if summary.threshold is None:
+        return None
+    return "similar" if summary.similarity >= summary.threshold else "dissimilar"
