@@ -101,6 +101,65 @@ def test_probe_returns_cloned_features_untouched_by_later_inplace_ops() -> None:
 
 def test_module_order_lists_points_in_execution_order_with_shapes() -> None:
     net = _model("test_resnet", {})
-    order, shapes = module_order(net, torch.zeros(1, 3, 32, 32))
+    traces = module_order(net, torch.zeros(1, 3, 32, 32))
+    order = list(traces)
     assert order.index("layer1") < order.index("layer2") < order.index("layer4")
-    assert shapes["layer2"] == (48, 4, 4)
+    assert traces["layer2"].shape == (48, 4, 4)
+
+
+def test_module_order_names_a_tensor_by_its_first_module_until_it_changes_in_place() -> None:
+    traces = module_order(_model("test_resnet", {}), torch.zeros(2, 3, 32, 32))
+    # A block and its stage return their last module's tensor: one tensor, three names.
+    assert traces["layer1.0"].alias_of == traces["layer1"].alias_of == "layer1.0.act2"
+    # Identity hands bn1's tensor on; act1 (ReLU(inplace=True)) then rewrites it: a new value.
+    assert traces["layer1.0.drop_block"].alias_of == "layer1.0.bn1"
+    assert traces["layer1.0.act1"].alias_of is None
+    assert traces["layer2"].calls == 1 and traces["layer2"].batch == 2
+
+
+def test_a_stage_ending_in_the_cut_block_is_read_from_the_stitch_tensor() -> None:
+    # fula at layer3.1 of resnet18 asked the back part for layer3 too: the very tensor cut
+    # there. Read from the network input, it made the cut "not a separator" (issue 12).
+    net = _model("resnet18", {"channels": (8, 16, 32, 64)})
+    splitter = ModelSplitter(net)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        z = splitter.front("layer3.1")(x)
+        back = splitter.back("layer3.1", ["layer3", "layer4"])
+        assert not back.needs_input
+        logits, (stage, later) = back(z * 2)
+    torch.testing.assert_close(stage, z * 2)
+    assert not torch.allclose(logits, net(x))
+
+
+def test_the_logits_module_is_a_graph_cut_whose_back_part_is_the_identity() -> None:
+    net = _model("test_resnet", {})
+    splitter = ModelSplitter(net)
+    z = torch.randn(3, 10)
+    back = splitter.back("fc")
+    assert not back.needs_input
+    logits, _ = back(z)
+    torch.testing.assert_close(logits, z)
+
+
+def test_hook_path_leaves_the_stitch_tensor_untouched_by_later_inplace_ops() -> None:
+    # layer1.0.bn1 feeds act1 = ReLU(inplace=True); the residual makes it a hook-path cut.
+    net = _model("test_resnet", {})
+    splitter = ModelSplitter(net)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        z = splitter.front("layer1.0.bn1")(x)
+        back = splitter.back("layer1.0.bn1", ["layer2"])
+        assert back.needs_input
+        kept = z.clone()
+        logits, _ = back(z, x)
+    assert (z < 0).any()
+    torch.testing.assert_close(z, kept)
+    torch.testing.assert_close(logits, net(x), rtol=1e-5, atol=1e-5)
+
+
+def test_reaches_logits_follows_the_graph() -> None:
+    splitter = ModelSplitter(_model("test_resnet", {}))
+    assert splitter.reaches_logits("layer2.0.bn1") is True
+    splitter._graph = None
+    assert splitter.reaches_logits("layer2.0.bn1") is None

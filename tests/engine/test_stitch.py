@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from stitchsim_worker.engine.metrics import relative_distance
 from stitchsim_worker.engine.stitch import LeastSquares, StitchLayer, rep_of
@@ -72,3 +73,32 @@ def test_closed_form_direct_matching_equals_a_long_gradient_descent() -> None:
     assert d_closed <= d_gd + 1e-6
     assert abs(d_closed - d_gd) < 1e-3
     torch.testing.assert_close(gd.weight, closed.weight, rtol=0, atol=2e-2)
+
+
+def test_each_point_is_read_by_its_own_layout_not_the_models() -> None:
+    # Square inputs: the equal pair of sizes is the grid. Swin's patch-embedding convolution
+    # is NCHW in an NHWC model; MaxViT's attention blocks are NHWC in an NCHW one.
+    conv = rep_of((24, 8, 8), prefix_tokens=0, output_fmt="NHWC")
+    assert (conv.channels, conv.grid, conv.channels_last) == (24, (8, 8), False)
+    block = rep_of((40, 40, 32), prefix_tokens=0, output_fmt="NCHW")
+    assert (block.channels, block.grid, block.channels_last) == (32, (40, 40), True)
+    # Only C = H = W leaves it to the model.
+    assert rep_of((8, 8, 8), prefix_tokens=0, output_fmt="NHWC").channels_last
+    assert not rep_of((8, 8, 8), prefix_tokens=0, output_fmt="NCHW").channels_last
+
+
+def test_prefix_tokens_are_counted_only_where_they_have_joined() -> None:
+    # The patch embedding's 16 tokens come before the class token is prepended.
+    patches = rep_of((16, 64), prefix_tokens=1, output_fmt="NCHW", patch_grid=(4, 4))
+    assert (patches.prefix, patches.grid) == (0, (4, 4))
+    registers = rep_of((20, 64), prefix_tokens=4, output_fmt="NCHW", patch_grid=(4, 4))
+    assert (registers.prefix, registers.grid) == (4, (4, 4))
+    # Without a known patch grid, a square count means no prefix yet.
+    assert rep_of((16, 64), prefix_tokens=1, output_fmt="NCHW").prefix == 0
+    assert rep_of((18, 64), prefix_tokens=2, output_fmt="NCHW").prefix == 2
+
+
+def test_shapes_without_a_reading_say_so() -> None:
+    for shape in [(4, 17, 16), (2, 3, 4, 4), ()]:
+        with pytest.raises(ValueError, match="no map/token/vector reading"):
+            rep_of(shape, prefix_tokens=1, output_fmt="NCHW")

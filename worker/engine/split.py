@@ -122,17 +122,35 @@ class ModelSplitter:
             z = graph.placeholder("stitch_input")
         with graph.inserting_after(z):
             z_own = graph.call_method("clone", (z,))
-        cut.replace_all_uses_with(z_own)
         later = [self._cloned(graph, val_map[self._outputs[p]]) for p in outputs]
         graph.output((logits, *later))
+        # Only now is the cut swapped out: the logits or a later output may be the cut node
+        # itself (the logits module, a stage that ends in the block cut here), and those must
+        # read the stitch tensor too, not recompute it from the network input.
+        cut.replace_all_uses_with(z_own)
         network_input = next(n for n in graph.nodes if n.op == "placeholder" and n is not z)
         _drop_input_asserts(graph, network_input)
         module = self._module(graph)
         inputs = [n.name for n in module.graph.nodes if n.op == "placeholder"]
-        if network_input.name in inputs:
+        if network_input.name in inputs or z.name not in inputs:
             log.info("cut at %s is not a separator; using the hook path", point)
             return None
         return module
+
+    def reaches_logits(self, point: str) -> bool | None:
+        """Whether the logits depend on the point's output (None: not known without a graph)."""
+        if self._graph is None or point not in self._outputs:
+            return None
+        seen, frontier = set(), [self._outputs[point]]
+        while frontier:
+            node = frontier.pop()
+            if node.op == "output":
+                return True
+            for user in node.users:
+                if user not in seen:
+                    seen.add(user)
+                    frontier.append(user)
+        return False
 
     # ------------------------------------------------------------------ public parts
 
@@ -195,10 +213,11 @@ class ModelSplitter:
             if x is None:
                 raise RuntimeError("the hook path needs the network input")
             feats: dict[str, torch.Tensor] = {}
-            handles = [target.register_forward_hook(lambda _m, _i, _o: z)]
+            # A copy goes in: in-place ops after the point (ReLU(inplace=True), x += y) must not
+            # rewrite the stitch output that the loss reads as h_j.
+            handles = [target.register_forward_hook(lambda _m, _i, _o: z.clone())]
             handles += [
-                self.net.get_submodule(p).register_forward_hook(_capture(feats, p, clone=False))
-                for p in outputs
+                self.net.get_submodule(p).register_forward_hook(_capture(feats, p)) for p in outputs
             ]
             try:
                 logits = self.net(x)
@@ -226,26 +245,48 @@ def _drop_input_asserts(graph: fx.Graph, network_input: fx.Node) -> None:
             graph.erase_node(node)
 
 
-def _capture(store: dict[str, torch.Tensor], name: str, clone: bool = True) -> Callable:
+def _capture(store: dict[str, torch.Tensor], name: str) -> Callable:
+    # Cloned (differentiably) where it is made, before any later in-place op rewrites it.
     def hook(_m: nn.Module, _i: object, out: torch.Tensor) -> None:
-        store[name] = out.clone() if clone else out
+        store[name] = out.clone()
 
     return hook
 
 
-def module_order(net: nn.Module, x: torch.Tensor) -> tuple[list[str], dict[str, tuple[int, ...]]]:
-    """Names of modules with a tensor output, in the order their outputs complete, and shapes."""
-    order: list[str] = []
-    shapes: dict[str, tuple[int, ...]] = {}
+@dataclass(frozen=True)
+class PointTrace:
+    """What one module output looked like in a forward pass of an example batch."""
+
+    shape: tuple[int, ...]  # per sample (batch dimension dropped), at the first call
+    batch: int  # leading dimension (differs from the example batch where windows fold in)
+    dtype: torch.dtype
+    calls: int  # how many times the module ran in one forward pass
+    alias_of: str | None  # the first point whose output is this very tensor, unchanged
+
+
+def module_order(net: nn.Module, x: torch.Tensor) -> dict[str, PointTrace]:
+    """Modules with a tensor output, in the order their outputs complete, and their traces."""
+    first: dict[str, torch.Tensor] = {}  # kept alive during the pass, so id() stays unique
+    calls: dict[str, int] = {}
+    alias: dict[str, str | None] = {}
+    owner: dict[tuple[int, int], str] = {}
     handles = []
     for name, module in net.named_modules():
         if not name:
             continue
 
         def hook(_m: nn.Module, _i: object, out: object, name: str = name) -> None:
-            if isinstance(out, torch.Tensor) and name not in shapes:
-                order.append(name)
-                shapes[name] = tuple(out.shape[1:])
+            if not isinstance(out, torch.Tensor):
+                return
+            calls[name] = calls.get(name, 0) + 1
+            if name in first:
+                return
+            # A container's output is its last child's tensor; so is an Identity's input. The
+            # version counter tells an unchanged tensor from one rewritten in place since.
+            key = (id(out), out._version)
+            alias[name] = owner.get(key)
+            owner.setdefault(key, name)
+            first[name] = out
 
         handles.append(module.register_forward_hook(hook))
     try:
@@ -254,4 +295,13 @@ def module_order(net: nn.Module, x: torch.Tensor) -> tuple[list[str], dict[str, 
     finally:
         for h in handles:
             h.remove()
-    return order, shapes
+    return {
+        name: PointTrace(
+            shape=tuple(out.shape[1:]),
+            batch=int(out.shape[0]) if out.dim() else 0,
+            dtype=out.dtype,
+            calls=calls[name],
+            alias_of=alias[name],
+        )
+        for name, out in first.items()
+    }

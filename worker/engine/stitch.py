@@ -37,18 +37,54 @@ class Rep:
         return f"vector {self.channels}"
 
 
-def rep_of(shape: tuple[int, ...], *, prefix_tokens: int, output_fmt: str) -> Rep:
+def rep_of(
+    shape: tuple[int, ...],
+    *,
+    prefix_tokens: int,
+    output_fmt: str,
+    patch_grid: tuple[int, int] | None = None,
+) -> Rep:
+    """Reads a per-sample shape as a map, a token sequence or a vector.
+
+    Inputs are square, so a map's two spatial sizes are equal: that tells (C, H, W) from
+    (H, W, C) point by point (a Swin patch embedding's convolution is NCHW inside an NHWC
+    model; MaxViT's attention blocks run NHWC inside an NCHW one). The model's own format
+    decides only where the shape cannot (C = H = W). Raises ValueError saying why not.
+    """
     if len(shape) == 3:
-        if output_fmt == "NHWC":
-            return Rep("map", shape[2], (shape[0], shape[1]), channels_last=True)
-        return Rep("map", shape[0], (shape[1], shape[2]))
+        a, b, c = shape
+        nchw, nhwc = b == c, a == b
+        if nchw and nhwc:
+            nchw = output_fmt != "NHWC"
+        if nchw:
+            return Rep("map", a, (b, c))
+        if nhwc:
+            return Rep("map", c, (a, b), channels_last=True)
     if len(shape) == 2:
         n, c = shape
-        prefix = prefix_tokens if n > prefix_tokens else 0
-        return Rep("tokens", c, _token_grid(n - prefix), prefix)
+        prefix = _prefix(n, prefix_tokens, patch_grid)
+        grid = patch_grid if patch_grid and n - prefix == patch_grid[0] * patch_grid[1] else None
+        return Rep("tokens", c, grid or _token_grid(n - prefix), prefix)
     if len(shape) == 1:
         return Rep("vector", shape[0], (1, 1))
-    raise ValueError(f"cannot stitch a tensor of per-sample shape {shape}")
+    raise ValueError(f"per-sample shape {shape} has no map/token/vector reading")
+
+
+def _prefix(n: int, prefix_tokens: int, patch_grid: tuple[int, int] | None) -> int:
+    """Prefix (class, distillation, register) tokens of an n-token sequence: the model's count
+    where the rest is the patch grid (or square), none where n alone is (before they join)."""
+    if not prefix_tokens or n <= prefix_tokens:
+        return 0
+    patches = patch_grid[0] * patch_grid[1] if patch_grid else None
+    if patches is not None and n in (patches, patches + prefix_tokens):
+        return 0 if n == patches else prefix_tokens
+    if _is_square(n) and not _is_square(n - prefix_tokens):
+        return 0
+    return prefix_tokens
+
+
+def _is_square(n: int) -> bool:
+    return math.isqrt(n) ** 2 == n
 
 
 def _token_grid(n: int) -> tuple[int, int]:
