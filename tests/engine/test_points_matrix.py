@@ -12,7 +12,7 @@ at the same point must then fail the bar that the closed-form identity passes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +22,7 @@ from stitchsim.models import ModelRef, Report, Spec, TrainSettings
 from stitchsim_worker.engine import Resources, SpecError, check_spec, list_stitch_points, run_job
 from stitchsim_worker.engine.data import Dataset, load_dataset
 from stitchsim_worker.engine.metrics import evaluate
-from stitchsim_worker.engine.models import (
-    LoadedModel,
-    Preprocess,
-    build_model,
-    random_model,
-    save_checkpoint,
-)
+from stitchsim_worker.engine.models import Preprocess, build_model, random_model, save_checkpoint
 from stitchsim_worker.engine.network import Network
 from stitchsim_worker.engine.stitch import StitchLayer
 from torch import nn
@@ -387,10 +381,8 @@ class _Bucket(nn.Module):
 
 
 def test_integer_outputs_and_dead_branches_are_refused() -> None:
-    loaded = LoadedModel(
-        net=_Odd().eval(), arch="odd", arch_kwargs={}, checkpoint="", num_classes=10,
-        preprocess=Preprocess(32, MEAN, STD),
-    )  # fmt: skip
+    # A timm model's loading record (preprocessing and all), with the odd network inside.
+    loaded = replace(random_model("test_resnet", {"num_classes": 10}), net=_Odd().eval())
     net = Network(loaded, 32, torch.device("cpu"), "front")
     assert "holds int64 values" in net.unstitchable["bucket"]
     assert "do not depend" in net.unstitchable["unused"]

@@ -63,6 +63,7 @@ class ModelSplitter:
         self.net = net
         self._graph: fx.Graph | None = None
         self._outputs: dict[str, fx.Node] = {}
+        self._live: set[fx.Node] | None = None
         try:
             tracer = _PointTracer()
             self._graph = tracer.trace(net)
@@ -141,16 +142,16 @@ class ModelSplitter:
         """Whether the logits depend on the point's output (None: not known without a graph)."""
         if self._graph is None or point not in self._outputs:
             return None
-        seen, frontier = set(), [self._outputs[point]]
-        while frontier:
-            node = frontier.pop()
-            if node.op == "output":
-                return True
-            for user in node.users:
-                if user not in seen:
-                    seen.add(user)
-                    frontier.append(user)
-        return False
+        if self._live is None:
+            # Ancestors of the output node, found once: one walk, not one per point.
+            output = next(n for n in reversed(self._graph.nodes) if n.op == "output")
+            self._live, frontier = {output}, [output]
+            while frontier:
+                for node in frontier.pop().all_input_nodes:
+                    if node not in self._live:
+                        self._live.add(node)
+                        frontier.append(node)
+        return self._outputs[point] in self._live
 
     # ------------------------------------------------------------------ public parts
 
