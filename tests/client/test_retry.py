@@ -30,7 +30,7 @@ def fake() -> Iterator[FakeService]:
 
 def recording(client: Client) -> list[float]:
     waits: list[float] = []
-    client._sleep = waits.append
+    client.http.sleep = waits.append
     return waits
 
 
