@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy import select
 from starlette.responses import Response
 from stitchsim.models import ErrorBody
-from stitchsim_service.context import Context
-from stitchsim_service.db import WorkerRow, utcnow
-from stitchsim_service.deps import get_ctx
-from stitchsim_service.errors import body
-from stitchsim_service.metrics import REGISTRY
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.errors import DomainError
+from stitchsim_service.core.metrics import REGISTRY
+from stitchsim_service.core.queue import GPU_QUEUE
+from stitchsim_service.core.workers import seen_by_queue, seen_window_s
+from stitchsim_service.gateway.deps import get_ctx
+from stitchsim_service.gateway.errors import answer
 
 router = APIRouter(tags=["health"])
 
@@ -37,16 +37,10 @@ def _check(fn: Any) -> dict[str, Any]:
             responses={503: {"model": ErrorBody, "description": "not ready; details say why"}})
 def readyz(ctx: Context = Depends(get_ctx)) -> JSONResponse:
     def workers() -> dict[str, Any]:
-        cutoff = utcnow() - timedelta(seconds=max(30.0, 3 * ctx.settings.heartbeat_s))
-        with ctx.db.read() as s:
-            rows = s.scalars(select(WorkerRow).where(WorkerRow.last_seen >= cutoff)).all()
-        queues: dict[str, int] = {}
-        for r in rows:
-            for q in r.queues.split(","):
-                queues[q] = queues.get(q, 0) + 1
-        if not queues.get("gpu"):
-            raise RuntimeError("no worker consuming the 'gpu' queue was seen in the last "
-                               f"{(utcnow() - cutoff).total_seconds():.0f} s")
+        queues = seen_by_queue(ctx)
+        if not queues.get(GPU_QUEUE):
+            raise RuntimeError(f"no worker consuming the {GPU_QUEUE!r} queue was seen in the "
+                               f"last {seen_window_s(ctx):.0f} s")
         return {"queues": queues}
 
     checks = {
@@ -58,8 +52,7 @@ def readyz(ctx: Context = Depends(get_ctx)) -> JSONResponse:
     if all(c["ok"] for c in checks.values()):
         return JSONResponse({"status": "ready", "checks": checks})
     failing = ", ".join(k for k, c in checks.items() if not c["ok"])
-    return JSONResponse(body("not_ready", f"not ready: {failing}", checks), status_code=503,
-                        headers={"Retry-After": "5"})
+    return answer(DomainError("not_ready", f"not ready: {failing}", checks, retry_after=5))
 
 
 @router.get("/metrics", summary="Prometheus metrics")

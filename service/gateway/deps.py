@@ -8,10 +8,10 @@ import time
 from anyio import to_thread
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
-from stitchsim_service.auth import LOCAL_OWNER, owner_for_key
-from stitchsim_service.context import Context
-from stitchsim_service.errors import ApiError
-from stitchsim_service.settings import Settings, is_loopback
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.errors import DomainError
+from stitchsim_service.core.keys import LOCAL_OWNER, owner_for_key
+from stitchsim_service.core.settings import Settings, is_loopback
 
 _bearer = HTTPBearer(auto_error=False, description="API key as a bearer token")
 _header = APIKeyHeader(name="X-API-Key", auto_error=False, description="API key")
@@ -72,15 +72,12 @@ async def get_owner(
             owner = await to_thread.run_sync(owner_for_key, ctx.db, key)
             _keys.put(key, owner)
         if owner is None:
-            raise ApiError(401, "unauthorized", "this API key is not valid (unknown or revoked)",
-                           headers={"WWW-Authenticate": "Bearer"})
+            raise DomainError("unauthorized", "this API key is not valid (unknown or revoked)")
         return owner
     if required:
-        raise ApiError(
-            401,
+        raise DomainError(
             "unauthorized",
             "an API key is required: send 'Authorization: Bearer <key>' (an operator creates "
             "keys with `stitchsim-server keys create NAME`)",
-            headers={"WWW-Authenticate": "Bearer"},
         )
     return LOCAL_OWNER

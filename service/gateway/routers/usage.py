@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 from stitchsim.models import ErrorBody, Usage
-from stitchsim_service import quotas
-from stitchsim_service.context import Context
-from stitchsim_service.deps import get_ctx, get_owner
+from stitchsim_service.core import quotas
+from stitchsim_service.core.context import Context
+from stitchsim_service.gateway.deps import get_ctx, get_owner
 
 router = APIRouter(tags=["usage"])
 

@@ -1,4 +1,5 @@
-"""Per-key quotas: jobs queued or running at once (429), bytes stored (413).
+"""Per-key quotas: jobs queued or running at once (too_many_jobs), bytes stored
+(quota_exceeded).
 
 Limits come from the settings, overridden per key by `stitchsim-server keys limits`. Every
 check runs inside the write transaction that adds the job or the object, after taking a lock
@@ -11,17 +12,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
-from stitchsim.models import Usage
-from stitchsim_service.db import (
-    ACTIVE_STATES,
-    JobRow,
-    KeyLimitsRow,
-    ObjectRow,
-    OwnershipRow,
-    advisory_lock,
-)
-from stitchsim_service.errors import ApiError
-from stitchsim_service.settings import Settings
+from stitchsim.models import ACTIVE_STATES, Usage
+from stitchsim_service.core.db import JobRow, KeyLimitsRow, ObjectRow, OwnershipRow, advisory_lock
+from stitchsim_service.core.errors import DomainError
+from stitchsim_service.core.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -65,27 +59,26 @@ def usage(session: Session, settings: Settings, owner: str) -> Usage:
 
 
 def check_job_slot(session: Session, settings: Settings, owner: str) -> None:
-    """429 when the owner already has as many active jobs as allowed."""
+    """too_many_jobs when the owner already has as many active jobs as allowed."""
     limit = limits_for(session, settings, owner).max_active_jobs
     active = active_jobs(session, owner)
     if active >= limit:
-        raise ApiError(
-            429, "too_many_jobs",
+        raise DomainError(
+            "too_many_jobs",
             f"you have {active} jobs queued or running and the limit for your key is {limit}; "
             "wait for some to finish (or cancel them with DELETE /jobs/{id}), then retry",
-            {"active": active, "limit": limit},
-            headers={"Retry-After": str(settings.quota_retry_after_s)})
+            {"active": active, "limit": limit}, retry_after=settings.quota_retry_after_s)
 
 
 def check_storage(session: Session, settings: Settings, owner: str, adding: int) -> None:
-    """413 when storing `adding` more bytes would take the owner over its quota."""
+    """quota_exceeded when storing `adding` more bytes would take the owner over its quota."""
     if adding <= 0:
         return
     limit = limits_for(session, settings, owner).max_stored_bytes
     stored = stored_bytes(session, owner)
     if stored + adding > limit:
-        raise ApiError(
-            413, "quota_exceeded",
+        raise DomainError(
+            "quota_exceeded",
             f"storing this file ({adding} bytes) would take your key to {stored + adding} "
             f"bytes, over its storage quota of {limit} bytes; delete checkpoints or datasets "
             "you no longer need (DELETE /checkpoints/{id}, DELETE /datasets/{id}) or ask the "

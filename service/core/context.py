@@ -6,12 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from stitchsim_service.db import Database, get_database
-from stitchsim_service.settings import Settings
-from stitchsim_service.store import Store, open_store
+from stitchsim_service.core.db import Database, get_database
+from stitchsim_service.core.settings import Settings
+from stitchsim_service.core.store import Store, open_store
 
 if TYPE_CHECKING:
-    from stitchsim_service.queue import JobQueue
+    from stitchsim_service.core.queue import JobQueue
 
 
 @dataclass
@@ -26,7 +26,7 @@ class Context:
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         queue = None
         if with_queue:
-            from stitchsim_service.queue import JobQueue
+            from stitchsim_service.core.queue import JobQueue
 
             queue = JobQueue(settings)
         return cls(

@@ -1,4 +1,4 @@
-"""The FastAPI application: `uvicorn --factory stitchsim_service.main:create_app`."""
+"""The FastAPI application: `uvicorn --factory stitchsim_service.gateway.main:create_app`."""
 
 from __future__ import annotations
 
@@ -9,14 +9,22 @@ from contextlib import asynccontextmanager
 import stitchsim
 from fastapi import FastAPI
 from stitchsim.models import ErrorBody
-from stitchsim_service.auth import REDACT_KEYS
-from stitchsim_service.context import Context
-from stitchsim_service.errors import install_handlers
-from stitchsim_service.metrics import COLLECTOR, MetricsMiddleware
-from stitchsim_service.reaper import Reaper
-from stitchsim_service.routers import checkpoints, datasets, health, jobs, similarity, usage
-from stitchsim_service.settings import Settings, get_settings
-from stitchsim_service.tmpfiles import remove_orphaned_uploads
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.keys import REDACT_KEYS
+from stitchsim_service.core.metrics import COLLECTOR
+from stitchsim_service.core.reaper import Reaper
+from stitchsim_service.core.settings import Settings, get_settings
+from stitchsim_service.core.tmpfiles import remove_orphaned_uploads
+from stitchsim_service.gateway.errors import install_handlers
+from stitchsim_service.gateway.middleware import MetricsMiddleware
+from stitchsim_service.gateway.routers import (
+    checkpoints,
+    datasets,
+    health,
+    jobs,
+    similarity,
+    usage,
+)
 
 log = logging.getLogger("stitchsim.service")
 

@@ -16,13 +16,18 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
+from stitchsim_service.core.errors import Unavailable
+
 OBJECT_ID = re.compile(r"^sha256:([0-9a-f]{64})$")
 KINDS = ("checkpoints", "datasets")
 _JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
-class StoreError(RuntimeError):
+class StoreError(Unavailable):
     """The store cannot be read or written (disk full, bucket unreachable …)."""
+
+    def __init__(self, message: str):
+        super().__init__("store_unavailable", message, retry_after=30)
 
 
 _FULL = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "the disk quota is used up",

@@ -6,13 +6,13 @@ from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Request, Response
+from stitchsim.files.header import Header
 from stitchsim.models import ErrorBody, StoredObject
-from stitchsim.safetensors_format import Header
-from stitchsim_service import objects
-from stitchsim_service.context import Context
-from stitchsim_service.deps import get_ctx, get_owner
-from stitchsim_service.errors import not_found
-from stitchsim_service.uploads import UPLOAD_OPENAPI, UploadedFile
+from stitchsim_service.core import objects
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.errors import NotFoundError
+from stitchsim_service.gateway.deps import get_ctx, get_owner
+from stitchsim_service.gateway.uploads import UPLOAD_OPENAPI, UploadedFile, receive_and_store
 
 router = APIRouter(prefix="/checkpoints", tags=["checkpoints"])
 
@@ -29,7 +29,7 @@ async def _describe(upload: UploadedFile, header: Header) -> dict[str, Any]:
 async def upload_checkpoint(request: Request, response: Response,
                             ctx: Context = Depends(get_ctx),
                             owner: str = Depends(get_owner)) -> StoredObject:
-    row, new = await objects.receive_and_store(request, ctx, owner, "checkpoints", _describe)
+    row, new = await receive_and_store(request, ctx, owner, "checkpoints", _describe)
     response.status_code = 201 if new else 200
     return objects.stored_object(row)
 
@@ -46,7 +46,7 @@ def get_checkpoint(checkpoint_id: str, ctx: Context = Depends(get_ctx),
                    owner: str = Depends(get_owner)) -> StoredObject:
     row = objects.owned(ctx, owner, "checkpoints", checkpoint_id)
     if row is None:
-        raise not_found("checkpoint", checkpoint_id)
+        raise NotFoundError("checkpoint", checkpoint_id)
     return objects.stored_object(row)
 
 
@@ -56,5 +56,5 @@ def get_checkpoint(checkpoint_id: str, ctx: Context = Depends(get_ctx),
 async def delete_checkpoint(checkpoint_id: str, ctx: Context = Depends(get_ctx),
                             owner: str = Depends(get_owner)) -> Response:
     if not await to_thread.run_sync(objects.release, ctx, owner, "checkpoints", checkpoint_id):
-        raise not_found("checkpoint", checkpoint_id)
+        raise NotFoundError("checkpoint", checkpoint_id)
     return Response(status_code=204)

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 
 from sqlalchemy import select
-from stitchsim_service.db import ApiKeyRow, Database, utcnow
+from stitchsim_service.core.db import ApiKeyRow, Database, utcnow
 
 KEY_PREFIX = "ssk_"
 LOCAL_OWNER = "local"

@@ -8,19 +8,22 @@ queued ──claim──▶ running ──finish──▶ succeeded | failed | c
 from __future__ import annotations
 
 import base64
+import binascii
 import json
 import logging
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from stitchsim.models import ErrorInfo, JobStatus, Progress, Spec
-from stitchsim_service import quotas
-from stitchsim_service.context import Context
-from stitchsim_service.db import TERMINAL_STATES, JobRow, utcnow
+from stitchsim.models import TERMINAL_STATES, ErrorInfo, JobList, JobStatus, Progress, Spec
+from stitchsim_service.core import quotas
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.db import JobRow, utcnow
+from stitchsim_service.core.errors import DomainError, NotFoundError, Unavailable
+from stitchsim_service.core.store import is_job_id
 
 log = logging.getLogger("stitchsim.jobs")
 
@@ -29,7 +32,9 @@ def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
-def to_status(row: JobRow, *, with_spec: bool = True) -> JobStatus:
+def to_status(row: JobRow, *, with_spec: bool = False) -> JobStatus:
+    """The row as the contract's JobStatus; the spec is parsed only when asked for (the page
+    shows it), since the stored spec is the one validated at submission."""
     error = None
     if row.error_code:
         details = json.loads(row.error_details) if row.error_details else None
@@ -48,6 +53,19 @@ def to_status(row: JobRow, *, with_spec: bool = True) -> JobStatus:
     )
 
 
+def status_json(row: JobRow) -> bytes:
+    """GET /jobs/{id}: the JobStatus as JSON, its spec spliced in as stored. The stored spec is
+    the validated one, with every default filled in: a poll neither parses nor validates it."""
+    head = to_status(row).model_dump_json(exclude={"spec"})
+    return f'{head[:-1]},"spec":{row.spec_json}}}'.encode()
+
+
+def list_json(rows: list[JobRow], next_cursor: str | None) -> bytes:
+    """GET /jobs: a page of JobStatus without specs."""
+    return JobList(items=[to_status(r) for r in rows], next_cursor=next_cursor
+                   ).model_dump_json().encode()
+
+
 # ---------------------------------------------------------------- gateway side
 
 
@@ -58,7 +76,7 @@ def find_idempotent(ctx: Context, owner: str, key: str) -> JobRow | None:
 
 
 def check_job_slot(ctx: Context, owner: str) -> None:
-    """429 early, before any upload is stored; insert_job checks again, atomically."""
+    """too_many_jobs early, before any upload is stored; insert_job checks again, atomically."""
     with ctx.db.read() as s:
         quotas.check_job_slot(s, ctx.settings, owner)
 
@@ -66,12 +84,12 @@ def check_job_slot(ctx: Context, owner: str) -> None:
 def insert_job(ctx: Context, owner: str, spec_json: str, *, idempotency_key: str | None,
                request_hash: str, grants: list[dict[str, Any]]) -> tuple[JobRow, bool]:
     """Insert a queued job (and the owner's grants to its objects) in one transaction, within
-    the owner's quotas (429 / 413 otherwise).
+    the owner's quotas (too_many_jobs / quota_exceeded otherwise).
 
     Returns (row, created); created is False when a concurrent request with the same
     idempotency key won the race.
     """
-    from stitchsim_service.objects import grant_existing
+    from stitchsim_service.core.objects import grant_existing
 
     now = utcnow()
     row = JobRow(id=new_job_id(), owner=owner, state="queued", spec_json=spec_json,
@@ -102,12 +120,33 @@ def delete_job(ctx: Context, job_id: str) -> None:
             s.delete(row)
 
 
-def get_job(ctx: Context, owner: str, job_id: str) -> JobRow | None:
-    with ctx.db.read() as s:
-        row = s.get(JobRow, job_id)
+def get_job(ctx: Context, owner: str, job_id: str) -> JobRow:
+    """Owner's job; not_found when there is none (or it is another key's)."""
+    # A malformed id names no job; checked first, as the job table cannot even be asked about
+    # some (PostgreSQL refuses a NUL byte).
+    row = None
+    if is_job_id(job_id):
+        with ctx.db.read() as s:
+            row = s.get(JobRow, job_id)
     if row is None or row.owner != owner:
-        return None
+        raise NotFoundError("job", job_id)
     return row
+
+
+def report_bytes(ctx: Context, row: JobRow) -> bytes:
+    """The stored report of a succeeded job, as the worker wrote it."""
+    if row.state != "succeeded":
+        reason = f" ({row.error_message})" if row.error_message else ""
+        raise DomainError(
+            "job_not_finished" if row.state not in TERMINAL_STATES else f"job_{row.state}",
+            f"job {row.id} is {row.state}{reason}; a report exists only once it succeeded",
+            {"state": row.state})
+    data = ctx.store.get_bytes(row.report_key) if row.report_key else None
+    if data is None:
+        raise Unavailable("report_unavailable",
+                          f"the report of job {row.id} cannot be read from the store right now",
+                          retry_after=30)
+    return data
 
 
 def _encode_cursor(row: JobRow) -> str:
@@ -116,9 +155,19 @@ def _encode_cursor(row: JobRow) -> str:
 
 
 def decode_cursor(cursor: str) -> tuple[datetime, str]:
-    padded = cursor + "=" * (-len(cursor) % 4)
-    created, job_id = base64.urlsafe_b64decode(padded).decode().split("|", 1)
-    return datetime.fromisoformat(created), job_id
+    """The (created_at, id) a next_cursor of ours holds; bad_request for anything else,
+    including what a hand-made cursor may hold that the job table cannot compare with: a
+    naive or out-of-range time (OverflowError in UTC), a job id with a NUL byte."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        text, job_id = base64.urlsafe_b64decode(padded).decode().split("|", 1)
+        created = datetime.fromisoformat(text)
+        if created.tzinfo is None or not is_job_id(job_id):
+            raise ValueError("not a cursor of this service")
+        created.astimezone(timezone.utc)
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
+        raise DomainError("bad_request", "cursor is not one this service issued") from None
+    return created, job_id
 
 
 def list_jobs(ctx: Context, owner: str, *, limit: int, cursor: tuple[datetime, str] | None,
@@ -137,20 +186,22 @@ def list_jobs(ctx: Context, owner: str, *, limit: int, cursor: tuple[datetime, s
     return rows[:limit], nxt
 
 
-def request_cancel(ctx: Context, owner: str, job_id: str) -> JobRow | None:
-    """Cancel a queued job at once; flag a running one for the worker to stop."""
+def cancel(ctx: Context, owner: str, job_id: str) -> JobRow:
+    """Cancel a queued job at once; flag a running one for the worker to stop (cooperative:
+    it sees the flag between batches). job_finished when it already ended."""
     now = utcnow()
     with ctx.db.write() as s:
-        row = s.get(JobRow, job_id)
+        row = s.get(JobRow, job_id) if is_job_id(job_id) else None
         if row is None or row.owner != owner:
-            return None
+            raise NotFoundError("job", job_id)
+        if row.state in TERMINAL_STATES:
+            raise DomainError("job_finished", f"job {job_id} already {row.state}",
+                              {"state": row.state})
         if row.state == "queued":
             row.state = "cancelled"
             row.finished_at = now
             row.stage = "cancelled"
-            row.cancel_requested = True
-        elif row.state == "running":
-            row.cancel_requested = True
+        row.cancel_requested = True
         return row
 
 

@@ -6,13 +6,16 @@ from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Request, Response
-from stitchsim.models import BUILTIN_DATASETS, DatasetInfo, ErrorBody
-from stitchsim.safetensors_format import Header, SafetensorsError, check_dataset
-from stitchsim_service import objects
-from stitchsim_service.context import Context
-from stitchsim_service.deps import get_ctx, get_owner
-from stitchsim_service.errors import ApiError, not_found, safetensors_error
-from stitchsim_service.uploads import UPLOAD_OPENAPI, UploadedFile
+from stitchsim.files.dataset import check_dataset
+from stitchsim.files.errors import SafetensorsError
+from stitchsim.files.header import Header
+from stitchsim.models import DatasetInfo, ErrorBody
+from stitchsim_service.core import objects
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.errors import NotFoundError
+from stitchsim_service.gateway.deps import get_ctx, get_owner
+from stitchsim_service.gateway.errors import file_error
+from stitchsim_service.gateway.uploads import UPLOAD_OPENAPI, UploadedFile, receive_and_store
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
@@ -23,7 +26,7 @@ async def _describe(upload: UploadedFile, header: Header) -> dict[str, Any]:
     try:
         ds = await to_thread.run_sync(check_dataset, upload.path, header)
     except SafetensorsError as exc:
-        raise safetensors_error(exc, "dataset") from None
+        raise file_error(exc, "dataset") from None
     return objects.dataset_info(header, ds)
 
 
@@ -34,7 +37,7 @@ async def _describe(upload: UploadedFile, header: Header) -> dict[str, Any]:
 async def upload_dataset(request: Request, response: Response,
                          ctx: Context = Depends(get_ctx),
                          owner: str = Depends(get_owner)) -> DatasetInfo:
-    row, new = await objects.receive_and_store(request, ctx, owner, "datasets", _describe)
+    row, new = await receive_and_store(request, ctx, owner, "datasets", _describe)
     response.status_code = 201 if new else 200
     return objects.dataset_listing(row)
 
@@ -54,7 +57,7 @@ def get_dataset(dataset_id: str, ctx: Context = Depends(get_ctx),
             return d
     row = objects.owned(ctx, owner, "datasets", dataset_id)
     if row is None:
-        raise not_found("dataset", dataset_id)
+        raise NotFoundError("dataset", dataset_id)
     return objects.dataset_listing(row)
 
 
@@ -63,9 +66,6 @@ def get_dataset(dataset_id: str, ctx: Context = Depends(get_ctx),
                summary="Forget one of your uploaded datasets (frees its storage quota)")
 async def delete_dataset(dataset_id: str, ctx: Context = Depends(get_ctx),
                          owner: str = Depends(get_owner)) -> Response:
-    if dataset_id in BUILTIN_DATASETS:
-        raise ApiError(409, "builtin", f"{dataset_id} is a built-in dataset; it cannot be "
-                       "deleted and takes none of your storage quota", {"id": dataset_id})
     if not await to_thread.run_sync(objects.release, ctx, owner, "datasets", dataset_id):
-        raise not_found("dataset", dataset_id)
+        raise NotFoundError("dataset", dataset_id)
     return Response(status_code=204)

@@ -1,19 +1,20 @@
-"""Prometheus metrics: request counters and latencies here; job figures read from the job table
-at scrape time (the table is the truth, and workers live in other processes)."""
+"""Prometheus metrics: the counters (the gateway's middleware counts requests into them) and
+job figures read from the job table at scrape time (the table is the truth, and workers live
+in other processes)."""
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterator
-from datetime import timedelta
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import case, func, select
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from stitchsim_service.db import JobRow, WorkerRow, utcnow
+from stitchsim.models import JOB_STATES
+from stitchsim_service.core.db import JobRow
+from stitchsim_service.core.queue import CHECKS_QUEUE, GPU_QUEUE
+from stitchsim_service.core.workers import seen_by_queue
 
 log = logging.getLogger("stitchsim.metrics")
 
@@ -63,10 +64,7 @@ class JobTableCollector(Collector):
                     DURATION_BUCKETS]
             agg = s.execute(select(func.count(JobRow.duration_s), func.sum(JobRow.duration_s),
                                    *cols).where(JobRow.state == "succeeded")).one()
-            cutoff = utcnow() - timedelta(seconds=max(30.0, 3 * ctx.settings.heartbeat_s))
-            workers = s.execute(select(WorkerRow.queues).where(WorkerRow.last_seen >= cutoff)
-                                ).scalars().all()
-        for state in ("queued", "running", "succeeded", "failed", "cancelled"):
+        for state in JOB_STATES:
             states.add_metric([state], counts.get(state, 0))
         yield states
 
@@ -80,18 +78,15 @@ class JobTableCollector(Collector):
 
         seen = GaugeMetricFamily("stitchsim_workers", "Workers seen recently, by queue",
                                  labels=["queue"])
-        per_queue: dict[str, int] = {}
-        for qs in workers:
-            for q in qs.split(","):
-                per_queue[q] = per_queue.get(q, 0) + 1
-        for q in ("gpu", "checks"):
+        per_queue = seen_by_queue(ctx)
+        for q in (GPU_QUEUE, CHECKS_QUEUE):
             seen.add_metric([q], per_queue.get(q, 0))
         yield seen
 
         if ctx.queue is not None:
             depth = GaugeMetricFamily("stitchsim_queue_depth", "Messages waiting in the broker",
                                       labels=["queue"])
-            for q in ("gpu", "checks"):
+            for q in (GPU_QUEUE, CHECKS_QUEUE):
                 d = ctx.queue.depth(q)
                 if d is not None:
                     depth.add_metric([q], d)
@@ -100,33 +95,3 @@ class JobTableCollector(Collector):
 
 COLLECTOR = JobTableCollector()
 REGISTRY.register(COLLECTOR)
-
-
-class MetricsMiddleware:
-    """Counts and times every request (pure ASGI: no per-request task like BaseHTTPMiddleware)."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        start = time.perf_counter()
-        status = 500
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_wrapper)
-        finally:
-            route = scope.get("route")
-            # The route template, not the raw path, so job ids do not explode the label space.
-            name = getattr(route, "path", "unmatched")
-            method = scope.get("method", "")
-            REQUESTS.labels(method, name, str(status)).inc()
-            LATENCY.labels(method, name).observe(time.perf_counter() - start)

@@ -12,6 +12,7 @@ import hashlib
 import os
 import queue
 import threading
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -20,27 +21,26 @@ import anyio
 from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
-from stitchsim.safetensors_format import (
-    Header,
-    SafetensorsError,
-    header_length,
-    read_header,
-    sniff,
-)
-from stitchsim_service.errors import ApiError, safetensors_error
-from stitchsim_service.settings import Settings
-from stitchsim_service.store import StoreError, write_error
-from stitchsim_service.tmpfiles import new_upload_path
+from stitchsim.files.errors import SafetensorsError
+from stitchsim.files.header import Header, header_length, read_header
+from stitchsim.files.limits import SNIFF_BYTES
+from stitchsim.files.sniff import sniff
+from stitchsim_service.core import objects
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.db import ObjectRow
+from stitchsim_service.core.errors import DomainError
+from stitchsim_service.core.settings import Settings
+from stitchsim_service.core.store import StoreError, write_error
+from stitchsim_service.core.tmpfiles import new_upload_path
+from stitchsim_service.gateway.errors import file_error, status_of
 
 _FLUSH_BYTES = 4 * 1024 * 1024
-_SNIFF_BYTES = 300
 _DRAIN_LIMIT = 256 * 1024 * 1024
 _SPOOL = "the upload spool (STITCHSIM_DATA_DIR/tmp)"
 
 
-def _too_large(what: str, limit: int) -> ApiError:
-    return ApiError(
-        413,
+def _too_large(what: str, limit: int) -> DomainError:
+    return DomainError(
         "too_large",
         f"{what} is larger than the {limit} bytes this service accepts "
         "(STITCHSIM_MAX_UPLOAD_BYTES)",
@@ -106,7 +106,7 @@ class _Spool:
                 self._error = exc
 
     def _check_head(self, final: bool) -> None:
-        if self.sniffed or (len(self.head) < _SNIFF_BYTES and not final):
+        if self.sniffed or (len(self.head) < SNIFF_BYTES and not final):
             return
         self.sniffed = True
         try:
@@ -115,15 +115,15 @@ class _Spool:
                 # Only the cap can be judged before the end; the file size is not known yet.
                 header_length(bytes(self.head[:8]), 1 << 62, max_header_bytes=self.max_header_bytes)
         except SafetensorsError as exc:
-            raise safetensors_error(exc, f"file {self.field!r}") from None
+            raise file_error(exc, f"file {self.field!r}") from None
 
     def add(self, data: bytes) -> bool:
         """Queue bytes; True when enough is queued to flush."""
         self.size += len(data)
         if self.size > self.limit:
             raise _too_large(f"file {self.field!r}", self.limit)
-        if len(self.head) < _SNIFF_BYTES:
-            self.head += data[: _SNIFF_BYTES - len(self.head)]
+        if len(self.head) < SNIFF_BYTES:
+            self.head += data[: SNIFF_BYTES - len(self.head)]
             self._check_head(final=False)
         self.pending.append(data)
         self.pending_bytes += len(data)
@@ -208,7 +208,7 @@ class UploadReceiver:
         try:
             return int(raw)
         except ValueError:
-            raise ApiError(400, "bad_request", "Content-Length is not a number") from None
+            raise DomainError("bad_request", "Content-Length is not a number") from None
 
     async def _drain(self) -> None:
         # Read (and drop) what the client is still sending, so it receives our error instead of
@@ -230,9 +230,9 @@ class UploadReceiver:
                 if chunk and spool.add(chunk):
                     await spool.flush()
             self.files[field_name] = await spool.finish()
-        except ApiError as exc:
+        except DomainError as exc:
             spool.abort()
-            if exc.status != 413:
+            if status_of(exc) != 413:
                 await self._drain()
             raise
         except BaseException:  # client gone, cancelled: no partial file stays behind
@@ -243,7 +243,7 @@ class UploadReceiver:
         ctype, params = parse_options_header(self.request.headers.get("content-type", ""))
         boundary = params.get(b"boundary")
         if ctype != b"multipart/form-data" or not boundary:
-            raise ApiError(400, "bad_request", "expected multipart/form-data with a boundary")
+            raise DomainError("bad_request", "expected multipart/form-data with a boundary")
         n_files = max(1, len(self.file_fields))
         total_limit = (n_files * self.settings.max_upload_bytes + self.settings.max_spec_bytes
                        + 65536)
@@ -298,20 +298,20 @@ class UploadReceiver:
                 try:
                     parser.write(chunk)
                 except MultipartParseError as exc:
-                    raise ApiError(400, "bad_request", f"malformed multipart body: {exc}") from None
+                    raise DomainError("bad_request", f"malformed multipart body: {exc}") from None
                 await self._handle(events, state)
                 events.clear()
             try:
                 parser.finalize()
             except MultipartParseError as exc:
-                raise ApiError(400, "bad_request", f"malformed multipart body: {exc}") from None
+                raise DomainError("bad_request", f"malformed multipart body: {exc}") from None
             await self._handle(events, state)
             if state["name"] is not None:
-                raise ApiError(400, "bad_request",
-                               "the multipart body ended in the middle of a part")
-        except ApiError as exc:
+                raise DomainError("bad_request",
+                                  "the multipart body ended in the middle of a part")
+        except DomainError as exc:
             self.cleanup()
-            if exc.status != 413:
+            if status_of(exc) != 413:
                 await self._drain()
             raise
         except BaseException:
@@ -325,7 +325,7 @@ class UploadReceiver:
                 name = disp.get(b"name", b"").decode("utf-8", "replace")
                 filename = disp.get(b"filename")
                 if name in self.files or name in self.texts:
-                    raise ApiError(400, "bad_request", f"field {name!r} given twice")
+                    raise DomainError("bad_request", f"field {name!r} given twice")
                 state["name"] = name
                 if name in self.file_fields:
                     state["spool"] = self._new_spool(
@@ -335,8 +335,8 @@ class UploadReceiver:
                     state["text"] = bytearray()
                 else:
                     allowed = sorted(self.file_fields | self.text_fields)
-                    raise ApiError(
-                        400, "bad_request",
+                    raise DomainError(
+                        "bad_request",
                         f"unexpected form field {name!r}; this endpoint takes {allowed}",
                     )
             elif kind == "data":
@@ -361,7 +361,7 @@ class UploadReceiver:
                     try:
                         self.texts[name] = bytes(state["text"]).decode("utf-8")
                     except UnicodeDecodeError:
-                        raise ApiError(400, "bad_request", f"field {name!r} is not UTF-8") from None
+                        raise DomainError("bad_request", f"field {name!r} is not UTF-8") from None
                 state["spool"], state["text"], state["name"] = None, None, None
 
 
@@ -372,11 +372,11 @@ async def validate_safetensors(upload: UploadedFile, settings: Settings, what: s
         return read_header(upload.path, max_header_bytes=settings.max_header_bytes)
 
     if upload.size == 0:
-        raise ApiError(422, "invalid_safetensors", f"{what} is empty")
+        raise DomainError("invalid_safetensors", f"{what} is empty")
     try:
         header = await anyio.to_thread.run_sync(check)
     except SafetensorsError as exc:
-        raise safetensors_error(exc, what) from None
+        raise file_error(exc, what) from None
     upload.header = header
     return header
 
@@ -390,16 +390,35 @@ async def receive_single_file(request: Request, settings: Settings) -> UploadedF
     elif ctype.startswith("application/octet-stream") or ctype == "":
         await receiver.receive_raw("file")
     else:
-        raise ApiError(
-            415, "unsupported_media_type",
+        raise DomainError(
+            "unsupported_media_type",
             "send the file as multipart/form-data (field 'file') or as "
             f"application/octet-stream, not {ctype!r}",
         )
     upload = receiver.files.get("file")
     if upload is None:
         receiver.cleanup()
-        raise ApiError(400, "bad_request", "no file given: send it in the multipart field 'file'")
+        raise DomainError("bad_request", "no file given: send it in the multipart field 'file'")
     return upload
+
+
+Describe = Callable[[UploadedFile, Header], Awaitable[dict[str, Any]]]
+"""What an upload endpoint records of a validated file (it may refuse it, too)."""
+
+
+async def receive_and_store(request: Request, ctx: Context, owner: str, kind: str,
+                            describe: Describe) -> tuple[ObjectRow, bool]:
+    """The upload endpoints: stream the file in, validate it, then let the core store it by
+    content and grant it to owner. Returns the object and whether it is new to owner; on any
+    failure nothing of it is left behind."""
+    upload = await receive_single_file(request, ctx.settings)
+    try:
+        header = await validate_safetensors(upload, ctx.settings, kind[:-1])
+        info = await describe(upload, header)
+        return await anyio.to_thread.run_sync(objects.store_upload, ctx, owner, kind, upload,
+                                              info)
+    finally:
+        upload.discard()
 
 
 UPLOAD_OPENAPI: dict[str, Any] = {

@@ -15,7 +15,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import sqlalchemy as kombu_sqla
 from sqlalchemy import event
-from stitchsim_service.settings import Settings
+from stitchsim_service.core.settings import Settings
 
 log = logging.getLogger("stitchsim.queue")
 
@@ -55,7 +55,7 @@ class EmbeddedTransport(kombu_sqla.Transport):
     Channel = _EmbeddedChannel
 
 
-TRANSPORT_ALIASES["stitchsim-sqla"] = "stitchsim_service.queue:EmbeddedTransport"
+TRANSPORT_ALIASES["stitchsim-sqla"] = "stitchsim_service.core.queue:EmbeddedTransport"
 
 
 def broker_url(settings: Settings) -> str:

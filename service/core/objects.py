@@ -1,46 +1,43 @@
-"""Stored checkpoints and datasets: registration, per-key visibility, rollback."""
+"""Stored checkpoints and datasets: registration, per-key visibility, rollback.
+
+What a stored object holds is content-addressed; which key may use it is a grant in the
+ownership table, within the key's storage quota."""
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
-from anyio import to_thread
-from fastapi import Request
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
-from stitchsim.models import BUILTIN_DATASETS, DatasetInfo, StoredObject
-from stitchsim.safetensors_format import DatasetFileInfo, Header
-from stitchsim_service import quotas
-from stitchsim_service.context import Context
-from stitchsim_service.db import (
-    ACTIVE_STATES,
-    JobRow,
-    ObjectRow,
-    OwnershipRow,
-    advisory_lock,
-    utcnow,
-)
-from stitchsim_service.errors import ApiError
-from stitchsim_service.metrics import UPLOAD_BYTES
-from stitchsim_service.settings import Settings
-from stitchsim_service.store import OBJECT_ID, object_key
-from stitchsim_service.uploads import UploadedFile, receive_single_file, validate_safetensors
+from stitchsim.datasets import BUILTIN
+from stitchsim.files.dataset import DatasetFileInfo
+from stitchsim.files.header import Header
+from stitchsim.models import ACTIVE_STATES, DatasetInfo, StoredObject
+from stitchsim_service.core import quotas
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.db import JobRow, ObjectRow, OwnershipRow, advisory_lock, utcnow
+from stitchsim_service.core.errors import DomainError
+from stitchsim_service.core.metrics import UPLOAD_BYTES
+from stitchsim_service.core.settings import Settings
+from stitchsim_service.core.store import OBJECT_ID, object_key
 
 log = logging.getLogger("stitchsim.objects")
 
-BUILTIN_DESCRIPTIONS: dict[str, str] = {
-    "digits": "scikit-learn's 8x8 digits, upscaled, RGB",
-    "digits_correlated": "digits whose colour is correlated with the class",
-    "digits_digit_only": "digits with random colours: only the shape tells the class",
-    "digits_colour_only": "class-coloured blank images: only the colour tells the class",
-    "digits_colour_patches": "class-coloured patches without digits",
-    "digits_marker": "digits with a class-coloured 4x4 marker (a pixel shortcut)",
-    "clustered_noise": "clustered noise: one random centre per class plus Gaussian noise",
-}
-assert set(BUILTIN_DESCRIPTIONS) == set(BUILTIN_DATASETS)
+
+class StagedFile(Protocol):
+    """A received file on local disk, validated, not yet in the store."""
+
+    @property
+    def object_id(self) -> str: ...
+
+    @property
+    def size(self) -> int: ...
+
+    @property
+    def path(self) -> Path: ...
 
 
 def checkpoint_info(header: Header) -> dict[str, Any]:
@@ -74,43 +71,36 @@ def dataset_listing(row: ObjectRow) -> DatasetInfo:
 
 
 def builtin_datasets() -> list[DatasetInfo]:
-    return [DatasetInfo(id=name, builtin=True, description=BUILTIN_DESCRIPTIONS[name])
-            for name in BUILTIN_DATASETS]
+    return [DatasetInfo(id=d.name, builtin=True, n_train=d.n_train, n_test=d.n_test,
+                        image_shape=list(d.image_shape), n_classes=d.n_classes,
+                        description=d.description)
+            for d in BUILTIN.values()]
 
 
-Describe = Callable[[UploadedFile, Header], Awaitable[dict[str, Any]]]
-
-
-async def receive_and_store(request: Request, ctx: Context, owner: str, kind: str,
-                            describe: Describe) -> tuple[ObjectRow, bool]:
-    """The upload endpoints: stream the file in, validate it, store it by content and grant it
-    to owner. Returns the object and whether it is new to owner; on any failure nothing of it
-    is left behind."""
-    upload = await receive_single_file(request, ctx.settings)
+def store_upload(ctx: Context, owner: str, kind: str, upload: StagedFile,
+                 info: dict[str, Any]) -> tuple[ObjectRow, bool]:
+    """Store a validated upload by content and grant it to owner. Returns the object and
+    whether it is new to owner; on any failure nothing of it is left behind."""
+    created = put_object(ctx, kind, upload)
     try:
-        header = await validate_safetensors(upload, ctx.settings, kind[:-1])
-        info = await describe(upload, header)
-        created = await to_thread.run_sync(put_object, ctx, kind, upload)
-        try:
-            row, new = await to_thread.run_sync(register, ctx, owner, kind, upload, info)
-        except BaseException:
-            if created:
-                await to_thread.run_sync(rollback, ctx, [(kind, upload.object_id)])
-            raise
-    finally:
-        upload.discard()
+        row, new = register(ctx, owner, kind, upload, info)
+    except BaseException:
+        if created:
+            rollback(ctx, [(kind, upload.object_id)])
+        raise
     UPLOAD_BYTES.labels(kind).inc(upload.size)
     return row, new
 
 
-def put_object(ctx: Context, kind: str, upload: UploadedFile) -> bool:
+def put_object(ctx: Context, kind: str, upload: StagedFile) -> bool:
     """Copy an upload into the store; True when this call created the object."""
     return ctx.store.put_file(object_key(kind, upload.object_id), upload.path)
 
 
-def register(ctx: Context, owner: str, kind: str, upload: UploadedFile,
+def register(ctx: Context, owner: str, kind: str, upload: StagedFile,
              info: dict[str, Any]) -> tuple[ObjectRow, bool]:
-    """Record the object and grant it to owner within its storage quota (413 beyond); returns
+    """Record the object and grant it to owner within its storage quota (quota_exceeded
+    beyond); returns
     the object and whether owner did not have it before."""
     with ctx.db.write() as s:
         new_for_owner = grant_existing(s, ctx.settings, owner, kind, upload.object_id,
@@ -200,7 +190,10 @@ def rollback(ctx: Context, created: list[tuple[str, str]]) -> None:
 
 def release(ctx: Context, owner: str, kind: str, object_id: str) -> bool:
     """Take owner's grant to an object away (freeing its quota); the bytes go once no key owns
-    them. False when owner did not have it; 409 while one of owner's active jobs uses it."""
+    them. False when owner did not have it; in_use while one of owner's active jobs uses it."""
+    if kind == "datasets" and object_id in BUILTIN:
+        raise DomainError("builtin", f"{object_id} is a built-in dataset; it cannot be deleted "
+                          "and takes none of your storage quota", {"id": object_id})
     if not _is_object_id(object_id):
         return False
     with ctx.db.write() as s:
@@ -213,8 +206,8 @@ def release(ctx: Context, owner: str, kind: str, object_id: str) -> bool:
             JobRow.owner == owner, JobRow.state.in_(ACTIVE_STATES),
             JobRow.spec_json.contains(object_id)).limit(1))
         if user is not None:
-            raise ApiError(
-                409, "in_use",
+            raise DomainError(
+                "in_use",
                 f"{kind[:-1]} {object_id} is used by job {user}, which is queued or running; "
                 f"wait for it to finish or cancel it (DELETE /jobs/{user}), then delete again",
                 {"job_id": user})

@@ -33,9 +33,6 @@ from sqlalchemy.exc import OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
-TERMINAL_STATES = ("succeeded", "failed", "cancelled")
-ACTIVE_STATES = ("queued", "running")
-
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)

@@ -7,10 +7,10 @@ import threading
 from datetime import timedelta
 
 from sqlalchemy import update
-from stitchsim_service import jobs
-from stitchsim_service.context import Context
-from stitchsim_service.db import JobRow, utcnow
-from stitchsim_service.metrics import JOBS_REQUEUED
+from stitchsim_service.core import jobs
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.db import JobRow, utcnow
+from stitchsim_service.core.metrics import JOBS_REQUEUED
 
 log = logging.getLogger("stitchsim.reaper")
 
