@@ -23,8 +23,13 @@ from stitchsim_worker.engine import Resources, run_job
 from stitchsim_worker.engine.data import builtin
 from stitchsim_worker.engine.metrics import evaluate, relative_distance
 from stitchsim_worker.engine.models import build_model, save_checkpoint
+from stitchsim_worker.engine.objectives import (
+    hard_label_loss,
+    latent_alignment_loss,
+    soft_label_loss,
+)
 from stitchsim_worker.engine.stitch import LeastSquares, StitchLayer, rep_of
-from stitchsim_worker.engine.train import LOSSES
+from stitchsim_worker.engine.train import LossInputs
 
 OBJECTIVES = ["hlm", "slm", "dm", "fula"]
 
@@ -116,8 +121,8 @@ def naive(spec: Spec, front_path: Path, back_path: Path) -> dict[tuple[str, str]
                         loss = relative_distance(z, g_feats[0])
                     else:
                         logits, h_later = hg.run(xb, later, replace=(j, z))
-                        loss = LOSSES[objective](
-                            logits, g_logits, y_train[idx], [z, *h_later], g_feats
+                        loss = NAIVE_LOSSES[objective](
+                            LossInputs(logits, g_logits, y_train[idx], [z, *h_later], g_feats)
                         )
                     opt.zero_grad()
                     loss.backward()
@@ -129,6 +134,9 @@ def naive(spec: Spec, front_path: Path, back_path: Path) -> dict[tuple[str, str]
                 g_logits = hg.run(x_test, [])[0]
             out[(i, objective)] = evaluate(h_logits, g_logits, y_test).figures.agreement
     return out
+
+
+NAIVE_LOSSES = {"hlm": hard_label_loss, "slm": soft_label_loss, "fula": latent_alignment_loss}
 
 
 def main() -> None:

@@ -2,17 +2,19 @@
 
 Public surface:
     run_job(spec, resources=..., progress=..., should_cancel=..., job_id=...) -> Report
-    check_spec(spec, resources=...) -> None   (raises SpecError; cheap, CPU only)
+    check_spec(spec, resources=...) -> None   (raises SpecError; meta device, no weights)
     list_stitch_points(arch, arch_kwargs) -> list[str]
 """
 
-from stitchsim_worker.engine.errors import JobCancelled, SpecError
-from stitchsim_worker.engine.job import check_spec, run_job
+from stitchsim_worker.engine.check import check_spec
+from stitchsim_worker.engine.errors import EngineFailure, JobCancelled, SpecError
+from stitchsim_worker.engine.job import run_job
 from stitchsim_worker.engine.points import list_stitch_points
 from stitchsim_worker.engine.resources import CancelFn, ProgressFn, Resources
 
 __all__ = [
     "CancelFn",
+    "EngineFailure",
     "JobCancelled",
     "ProgressFn",
     "Resources",

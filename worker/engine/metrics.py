@@ -131,3 +131,9 @@ def seed_interval(values: list[float]) -> tuple[float, tuple[float, float]]:
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = _T95[min(n - 1, len(_T95)) - 1] * sd / math.sqrt(n)
     return mean, (mean - half, mean + half)
+
+
+def near_chance(accuracy: float, ci: tuple[float, float], chance: float) -> bool:
+    """Indistinguishable from guessing: the interval reaches chance, or the accuracy covers
+    less than a tenth of the way from chance to perfect."""
+    return ci[0] <= chance or accuracy < chance + 0.1 * (1 - chance)

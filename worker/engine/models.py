@@ -9,32 +9,20 @@ from typing import Any
 
 import timm
 import torch
-import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from stitchsim.models import ModelRef
 from stitchsim_worker.engine.errors import SpecError
+from stitchsim_worker.engine.preprocess import (
+    Choice,
+    Preprocess,
+    choose,
+    input_size,
+    metadata_json,
+)
 from torch import nn
 
 # Lists in error messages are cut here; a 500-key diff helps nobody.
 _MAX_LISTED = 8
-
-
-@dataclass
-class Preprocess:
-    """Maps [0,1] RGB pixels to what the network expects (resize, then mean/std)."""
-
-    input_size: int
-    mean: tuple[float, float, float]
-    std: tuple[float, float, float]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.input_size or x.shape[-2] != self.input_size:
-            x = F.interpolate(
-                x, size=(self.input_size, self.input_size), mode="bilinear", align_corners=False
-            )
-        mean = x.new_tensor(self.mean).view(1, -1, 1, 1)
-        std = x.new_tensor(self.std).view(1, -1, 1, 1)
-        return (x - mean) / std
 
 
 @dataclass
@@ -43,10 +31,14 @@ class LoadedModel:
     arch: str
     arch_kwargs: dict[str, Any]
     checkpoint: str
-    preprocess: Preprocess
+    choice: Choice
     num_classes: int
     num_prefix_tokens: int = 0
     output_fmt: str = "NCHW"
+
+    @property
+    def preprocess(self) -> Preprocess:
+        return self.choice.preprocess
 
     def __call__(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.net(self.preprocess(pixels))
@@ -64,15 +56,6 @@ def read_metadata(path: Path) -> dict[str, str]:
         ) from e
 
 
-def _metadata_json(meta: dict[str, str], key: str, where: str) -> Any:
-    if key not in meta:
-        return None
-    try:
-        return json.loads(meta[key])
-    except json.JSONDecodeError as e:
-        raise SpecError(f"{where}: __metadata__[{key!r}] is not valid JSON ({e})") from e
-
-
 def resolve_arch(ref: ModelRef, meta: dict[str, str], where: str) -> tuple[str, dict[str, Any]]:
     """Architecture and kwargs: the spec wins, else the checkpoint's metadata."""
     arch = ref.arch or meta.get("arch")
@@ -84,7 +67,7 @@ def resolve_arch(ref: ModelRef, meta: dict[str, str], where: str) -> tuple[str, 
         )
     kwargs = ref.arch_kwargs
     if kwargs is None:
-        kwargs = _metadata_json(meta, "arch_kwargs", where) or {}
+        kwargs = metadata_json(meta, "arch_kwargs", where) or {}
     if not isinstance(kwargs, dict):
         raise SpecError(f"{where}: arch_kwargs must be a JSON object")
     check_arch_name(arch, where)
@@ -112,13 +95,16 @@ def _create(arch: str, kwargs: dict[str, Any], where: str) -> nn.Module:
         ) from e
 
 
-def _fit_report(model_sd: dict[str, torch.Tensor], ckpt: dict[str, torch.Tensor]) -> str | None:
-    missing = [k for k in model_sd if k not in ckpt]
-    unexpected = [k for k in ckpt if k not in model_sd]
+Shapes = dict[str, tuple[int, ...]]
+
+
+def _fit_report(model: Shapes, ckpt: Shapes) -> str | None:
+    missing = [k for k in model if k not in ckpt]
+    unexpected = [k for k in ckpt if k not in model]
     mismatched = [
-        f"{k}: checkpoint {tuple(ckpt[k].shape)} vs model {tuple(v.shape)}"
-        for k, v in model_sd.items()
-        if k in ckpt and tuple(ckpt[k].shape) != tuple(v.shape)
+        f"{k}: checkpoint {ckpt[k]} vs model {shape}"
+        for k, shape in model.items()
+        if k in ckpt and ckpt[k] != shape
     ]
     parts = []
     for label, items in (("missing", missing), ("unexpected", unexpected), ("shape", mismatched)):
@@ -128,16 +114,27 @@ def _fit_report(model_sd: dict[str, torch.Tensor], ckpt: dict[str, torch.Tensor]
     return "; ".join(parts) or None
 
 
-def _strip_wrapper_prefix(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _check_fit(net: nn.Module, ckpt: Shapes, arch: str, kwargs: dict[str, Any], where: str
+               ) -> None:
+    problem = _fit_report({k: tuple(v.shape) for k, v in net.state_dict().items()}, ckpt)
+    if problem:
+        raise SpecError(
+            f"{where}: checkpoint does not fit {arch} {kwargs}: {problem}", code="weights_mismatch"
+        )
+
+
+def _strip_wrapper_prefix(sd: dict[str, Any]) -> dict[str, Any]:
     # DataParallel/DDP checkpoints prefix every key with 'module.'; that is not a mismatch.
     if sd and all(k.startswith("module.") for k in sd):
         return {k[len("module.") :]: v for k, v in sd.items()}
     return sd
 
 
-def _load_tensors(path: Path, where: str) -> dict[str, torch.Tensor]:
+def _read(path: Path, where: str, shapes_only: bool) -> dict[str, Any]:
     try:
         with safe_open(str(path), framework="pt") as f:
+            if shapes_only:  # the header alone: no tensor is read
+                return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
             return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no iter
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise SpecError(
@@ -164,23 +161,15 @@ def _num_classes(net: nn.Module) -> int:
     return int(n)
 
 
-def _preprocess(
+def _choice(
     ref: ModelRef, meta: dict[str, str], net: nn.Module, native_size: int, where: str
-) -> Preprocess:
-    cfg = timm.data.resolve_data_config({}, model=net)
-    mean = ref.mean or _metadata_json(meta, "mean", where) or cfg["mean"]
-    std = ref.std or _metadata_json(meta, "std", where) or cfg["std"]
-    fixed = _fixed_input_size(net)
-    size = ref.input_size or _metadata_json(meta, "input_size", where) or fixed or native_size
-    if fixed and size != fixed:
-        raise SpecError(f"{where}: {where}.input_size={size} but the model only takes {fixed}px")
-    if len(mean) != 3 or len(std) != 3:
-        raise SpecError(f"{where}: mean and std need 3 values (RGB)")
-    return Preprocess(int(size), tuple(float(m) for m in mean), tuple(float(s) for s in std))
+) -> Choice:
+    size = input_size(ref, meta, _fixed_input_size(net), native_size, where)
+    return choose(ref, meta, net, size, where)
 
 
 def _loaded(
-    net: nn.Module, arch: str, kwargs: dict[str, Any], checkpoint: str, preprocess: Preprocess
+    net: nn.Module, arch: str, kwargs: dict[str, Any], checkpoint: str, choice: Choice
 ) -> LoadedModel:
     net.eval().requires_grad_(False)
     return LoadedModel(
@@ -188,7 +177,7 @@ def _loaded(
         arch=arch,
         arch_kwargs=kwargs,
         checkpoint=checkpoint,
-        preprocess=preprocess,
+        choice=choice,
         num_classes=_num_classes(net),
         num_prefix_tokens=int(getattr(net, "num_prefix_tokens", 0) or 0),
         output_fmt=str(getattr(net, "output_fmt", "NCHW")),
@@ -200,7 +189,7 @@ def random_model(arch: str, kwargs: dict[str, Any], native_size: int = 32) -> Lo
     check_arch_name(arch, "arch")
     net = _create(arch, kwargs, "arch")
     ref = ModelRef(checkpoint="-", arch=arch, arch_kwargs=kwargs)
-    return _loaded(net, arch, kwargs, "", _preprocess(ref, {}, net, native_size, "arch"))
+    return _loaded(net, arch, kwargs, "", _choice(ref, {}, net, native_size, "arch"))
 
 
 def build_model(
@@ -210,15 +199,24 @@ def build_model(
     meta = read_metadata(path)
     arch, kwargs = resolve_arch(ref, meta, where)
     net = _create(arch, kwargs, where)
-    sd = _strip_wrapper_prefix(_load_tensors(path, where))
-    problem = _fit_report(net.state_dict(), sd)
-    if problem:
-        raise SpecError(
-            f"{where}: checkpoint does not fit {arch} {kwargs}: {problem}", code="weights_mismatch"
-        )
+    sd = _strip_wrapper_prefix(_read(path, where, shapes_only=False))
+    _check_fit(net, {k: tuple(v.shape) for k, v in sd.items()}, arch, kwargs, where)
     net.load_state_dict(sd, strict=True)
-    preprocess = _preprocess(ref, meta, net, native_size, where)
-    return _loaded(net, arch, kwargs, checkpoint_id or path.name, preprocess)
+    choice = _choice(ref, meta, net, native_size, where)
+    return _loaded(net, arch, kwargs, checkpoint_id or path.name, choice)
+
+
+def meta_model(ref: ModelRef, path: Path, *, where: str, native_size: int) -> LoadedModel:
+    """The model as build_model would make it, on the meta device: every check that needs no
+    weight values (architecture, kwargs, checkpoint keys and shapes from the file's header,
+    preprocessing, input size) at the cost of reading a header. Parameters take no memory."""
+    meta = read_metadata(path)
+    arch, kwargs = resolve_arch(ref, meta, where)
+    with torch.device("meta"):
+        net = _create(arch, kwargs, where)
+    _check_fit(net, _strip_wrapper_prefix(_read(path, where, shapes_only=True)), arch, kwargs,
+               where)
+    return _loaded(net, arch, kwargs, path.name, _choice(ref, meta, net, native_size, where))
 
 
 def save_checkpoint(net: nn.Module, path: Path, arch: str, arch_kwargs: dict[str, Any]) -> None:

@@ -19,6 +19,15 @@ class Tracker:
         self._last = 0.0
         self.timings: dict[str, float] = {}
         self._stage_started = time.perf_counter()
+        self._focus: dict[str, str | None] = {}
+
+    def focus(self, **details: str | None) -> None:
+        """What the job is working on inside the stage (stitch point, protocol, objective):
+        named in the error if the engine fails."""
+        self._focus.update(details)
+
+    def where(self) -> dict[str, str | None]:
+        return {"stage": self.stage, **self._focus}
 
     def plan(self, units: int) -> None:
         self.total += units

@@ -9,6 +9,7 @@ import numpy as np
 from stitchsim.models import (
     Direction,
     DropRow,
+    ModelSummary,
     Objective,
     Protocol,
     ResultRow,
@@ -85,3 +86,38 @@ def verdict(summary: Summary) -> Verdict | None:
     if summary.threshold is None:
         return None
     return "similar" if summary.similarity >= summary.threshold else "dissimilar"
+
+
+def withheld(spec: Spec, front: ModelSummary, back: ModelSummary) -> str | None:
+    """Why no verdict may be given although a threshold was asked for; None when it may."""
+    if spec.threshold is None:
+        return None
+    at_chance = [w for w, m in (("front", front), ("back", back)) if m.near_chance]
+    if not at_chance:
+        return None
+    models = {"front": front, "back": back}
+    which = " and ".join(f"the {w} model ({models[w].arch})" for w in at_chance)
+    return (
+        f"no verdict: {which} scores at chance on this dataset, so agreement with it means "
+        "nothing; check the dataset, the arch_kwargs and the preprocessing (mean/std or "
+        "preprocess) of that model"
+    )
+
+
+def verdict_caveats(summary: Summary, rows: list[ResultRow]) -> list[str]:
+    """What the similarity figure rests on that weakens it."""
+    if summary.similarity_protocol != "invariance_aware":
+        return []
+    loose = sorted({
+        f"{r.direction} {r.front_layer}->{r.back_layer} (median {r.iri.median:.2f})"
+        for r in rows
+        if r.protocol == "invariance_aware" and r.iri is not None and not r.iri.converged
+    })
+    if not loose:
+        return []
+    return [
+        "the invariance-aware figure rests on IRIs that did not converge at "
+        + ", ".join(loose)
+        + ": the front model can still tell them from the real inputs, so the stitch was "
+        "trained on inputs that are not indistinguishable; raise iri.steps or iri.step_size"
+    ]

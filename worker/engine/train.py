@@ -1,77 +1,61 @@
-"""Fitting the stitch layer for one objective: closed form for dm, Adam for the others.
+"""Fitting machinery for the stitch layer: the closed-form least-squares fit and the Adam loop.
 
 Inputs and targets come from banks computed once per job (the models are frozen and the data
-is not augmented), so each step runs only T and the back part g_{>j}.
+is not augmented), so each step runs only T and the back part g_{>j}. What is optimised is the
+objective's business (objectives.py).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
-from stitchsim.models import Objective, TrainSettings
-from stitchsim_worker.engine.bank import Bank, batches
+from stitchsim.models import TrainSettings
+from stitchsim_worker.engine.bank import batches
 from stitchsim_worker.engine.errors import JobCancelled
-from stitchsim_worker.engine.metrics import relative_distance
 from stitchsim_worker.engine.split import BackPart
+from stitchsim_worker.engine.splits import Split
 from stitchsim_worker.engine.stitch import LeastSquares, StitchLayer
 
 
-@dataclass
-class Split:
-    """One split as the stitch sees it: its inputs, and what the back model made of them."""
+class LossInputs(NamedTuple):
+    """One minibatch as an objective sees it."""
 
-    inputs: Bank  # f<=i(x) (or of IRIs)
+    logits: torch.Tensor  # h(x)
+    back_logits: torch.Tensor  # g(x)
     labels: torch.Tensor
-    back_logits: Bank  # g(x)
-    back_feats: list[Bank] = field(default_factory=list)  # g_j(x), then g_l(x) for later l
-    pixels: Bank | None = None  # only when the back part runs on the hook path
+    feats: list[torch.Tensor]  # h_l(x) at the alignment points: T(a) first, then later ones
+    back_feats: list[torch.Tensor]  # g_l(x) at the same points (empty unless asked for)
 
-    def __len__(self) -> int:
-        return self.inputs.n
+
+LossFn = Callable[[LossInputs], torch.Tensor]
 
 
 @dataclass
-class Fit:
-    train_loss: float
-    test_logits: torch.Tensor
+class FitTask:
+    """One stitch layer to fit on one split (one seed)."""
+
+    stitch: StitchLayer
+    back: BackPart
+    split: Split
+    settings: TrainSettings
+    seed: int
+    device: torch.device
+    on_step: Callable[[int], None]
+    should_cancel: Callable[[], bool]
 
 
-StepFn = Callable[[], None]
-
-
-def _hard_labels(
-    logits: torch.Tensor, _g: torch.Tensor, labels: torch.Tensor, _f: list, _t: list
-) -> torch.Tensor:
-    return F.cross_entropy(logits, labels)
-
-
-def _soft_labels(
-    logits: torch.Tensor, g_logits: torch.Tensor, _l: torch.Tensor, _f: list, _t: list
-) -> torch.Tensor:
-    # KL(softmax g || softmax h), temperature 1.
-    return F.kl_div(
-        logits.log_softmax(-1), g_logits.log_softmax(-1), log_target=True, reduction="batchmean"
-    )
-
-
-def _latent_alignment(
-    _h: torch.Tensor, _g: torch.Tensor, _l: torch.Tensor, h_feats: list, g_feats: list
-) -> torch.Tensor:
-    # Equal weights over l = j .. last stage; no logits term.
-    return torch.stack(
-        [relative_distance(h, g) for h, g in zip(h_feats, g_feats, strict=True)]
-    ).mean()
-
-
-LOSSES = {"hlm": _hard_labels, "slm": _soft_labels, "fula": _latent_alignment}
-
-
-def _device_batch(split: Split, idx: torch.Tensor, device: torch.device) -> tuple:
-    pixels = split.pixels[idx].to(device) if split.pixels is not None else None
+def _device_batch(
+    split: Split, idx: torch.Tensor, device: torch.device, back: BackPart
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    # Only a back part on the hook path reads the network input; the graph path never does.
+    pixels = None
+    if back.needs_input:
+        assert split.pixels is not None, "a hook-path back part needs the split's pixels"
+        pixels = split.pixels[idx].to(device)
     return split.inputs[idx].to(device), pixels
 
 
@@ -98,50 +82,42 @@ def direct_matching_loss(
     return math.sqrt(num) / max(math.sqrt(den), 1e-12)
 
 
-def train_stitch(
-    stitch: StitchLayer,
-    back: BackPart,
-    objective: Objective,
-    split: Split,
-    settings: TrainSettings,
-    seed: int,
-    device: torch.device,
-    on_step: StepFn,
-    should_cancel: Callable[[], bool],
-) -> float:
-    """Adam with step decay x0.1 at 1/3 and 2/3 of training; returns the last epoch's mean loss."""
-    loss_fn = LOSSES[objective]
+def train_stitch(task: FitTask, loss_fn: LossFn, with_feats: bool) -> float:
+    """Adam with step decay x0.1 at 1/3 and 2/3 of training; returns the last epoch's mean loss.
+    with_feats: the loss compares tensors at the alignment points, not only logits."""
+    settings, split, device = task.settings, task.split, task.device
     n = len(split)
     steps = settings.epochs * math.ceil(n / settings.batch_size)
-    opt = torch.optim.Adam(stitch.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    opt = torch.optim.Adam(
+        task.stitch.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
+    )
     sched = torch.optim.lr_scheduler.MultiStepLR(
         opt, milestones=[steps // 3, 2 * steps // 3], gamma=0.1
     )
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(task.seed)
     last = 0.0
     for _ in range(settings.epochs):
         total, count = 0.0, 0
         for idx in batches(n, settings.batch_size, gen):
-            if should_cancel():
+            if task.should_cancel():
                 raise JobCancelled()
-            a, pixels = _device_batch(split, idx, device)
-            z = stitch(a)
-            logits, later = back(z, pixels)
-            g_feats = [b[idx].to(device) for b in split.back_feats] if objective == "fula" else []
-            loss = loss_fn(
-                logits,
-                split.back_logits[idx].to(device),
-                split.labels[idx].to(device),
-                [z, *later],
-                g_feats,
-            )
+            a, pixels = _device_batch(split, idx, device, task.back)
+            z = task.stitch(a)
+            logits, later = task.back(z, pixels)
+            loss = loss_fn(LossInputs(
+                logits=logits,
+                back_logits=split.back_logits[idx].to(device),
+                labels=split.labels[idx].to(device),
+                feats=[z, *later],
+                back_feats=[b[idx].to(device) for b in split.back_feats] if with_feats else [],
+            ))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             sched.step()
             total += loss.item() * len(idx)
             count += len(idx)
-            on_step()
+            task.on_step(1)
         last = total / count
     return last
 
@@ -152,7 +128,7 @@ def stitched_logits(
 ) -> torch.Tensor:
     out = []
     for idx in batches(len(split), batch_size):
-        a, pixels = _device_batch(split, idx, device)
+        a, pixels = _device_batch(split, idx, device, back)
         logits, _ = back(stitch(a), pixels)
         out.append(logits.float().cpu())
     return torch.cat(out)

@@ -1,0 +1,39 @@
+"""The spec check at submission: everything that can fail on the user's side before a worker
+spends time on the job, cheaply enough that the run need not trust it.
+
+Models are built on the meta device (no memory for parameters, no weights read: the
+checkpoint's header gives its keys and shapes), a meta forward pass gives the stitch points
+and their shapes, and uploaded datasets are read as far as their labels. The run prepares the
+job for real once; the check's work costs a fraction of a second per model.
+"""
+
+from __future__ import annotations
+
+import torch
+from stitchsim.models import Spec
+from stitchsim_worker.engine.data import Dataset, load_dataset
+from stitchsim_worker.engine.errors import SpecError
+from stitchsim_worker.engine.models import LoadedModel, meta_model
+from stitchsim_worker.engine.network import Network
+from stitchsim_worker.engine.preparation import check_classes, pair_points_of
+from stitchsim_worker.engine.resources import Resources
+
+META = torch.device("meta")
+
+
+def _network(spec: Spec, where: str, resources: Resources, data: Dataset) -> Network:
+    ref = getattr(spec, where)
+    path, _ = resources.checkpoint(ref.checkpoint)
+    model: LoadedModel = meta_model(ref, path, where=where, native_size=data.image_size)
+    check_classes(model, data, where)
+    return Network(model, data.image_size, META, where)
+
+
+def check_spec(spec: Spec, *, resources: Resources) -> None:
+    """Raises SpecError with what to fix; returns when the job can be prepared."""
+    data = load_dataset(spec.dataset, resources, spec.train)
+    front = _network(spec, "front", resources, data)
+    back = _network(spec, "back", resources, data)
+    if not pair_points_of(spec, front, back):
+        raise SpecError("no stitch points could be paired between the two models",
+                        code="unknown_layer")

@@ -1,0 +1,26 @@
+"""The progress plan: a job's work counted up front in units (about one batch through a
+network part), from the registered entries' costs, so progress and ETA cover the whole job."""
+
+from __future__ import annotations
+
+import math
+
+from stitchsim.models import Spec
+from stitchsim_worker.engine.context import EVAL_BATCH
+from stitchsim_worker.engine.controls import CONTROLS
+from stitchsim_worker.engine.objectives import OBJECTIVES
+from stitchsim_worker.engine.preparation import Prepared
+from stitchsim_worker.engine.protocols import PROTOCOLS
+
+
+def plan_units(spec: Spec, prep: Prepared) -> int:
+    n_tr, n_te = len(prep.data.train), len(prep.data.test)
+    per_fit = spec.train.seeds * sum(OBJECTIVES[o].cost(n_tr, spec.train) for o in spec.objectives)
+    per_protocol = [
+        2 * math.ceil(n_tr / EVAL_BATCH) + per_fit + PROTOCOLS[p].cost(spec, n_tr)
+        for p in spec.protocols
+    ]
+    per_run = 3 * math.ceil(n_te / EVAL_BATCH) + sum(per_protocol)
+    runs = 1 + sum(CONTROLS[c].runs(spec) for c in spec.controls)
+    stitches = len(spec.direction_list()) * len(prep.pairs)
+    return 2 * math.ceil(n_te / EVAL_BATCH) + stitches * per_run * runs

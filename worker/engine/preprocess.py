@@ -1,0 +1,209 @@
+"""How [0,1] pixels reach a model, and how that choice is made when nobody says.
+
+The spec wins (explicit mean/std, or a named `preprocess`), then the checkpoint's metadata.
+Otherwise the plausible candidates are measured: each is scored on a few hundred labelled
+samples and the best-predicting one is used. A model trained elsewhere on plain [0,1] pixels,
+uploaded with only its architecture, then gets its true accuracy instead of chance.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import timm
+import torch
+import torch.nn.functional as F
+from stitchsim.models import ModelRef, PreprocessCandidate, PreprocessInfo, PreprocessSource
+from stitchsim_worker.engine.errors import SpecError
+from torch import nn
+
+Triple = tuple[float, float, float]
+MEASURE_SAMPLES = 512
+# Below this a convolutional stem leaves no spatial extent worth stitching (and ModelRef's
+# own input_size field starts here).
+MIN_INPUT_SIZE = 8
+_MEASURE_BATCH = 128
+# Ties (within a sample or two) go to the first candidate: the architecture's own config.
+_TIE = 2
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """Maps [0,1] RGB pixels to what the network expects (resize, then mean/std)."""
+
+    input_size: int
+    mean: Triple
+    std: Triple
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.input_size or x.shape[-2] != self.input_size:
+            x = F.interpolate(
+                x, size=(self.input_size, self.input_size), mode="bilinear", align_corners=False
+            )
+        mean = x.new_tensor(self.mean).view(1, -1, 1, 1)
+        std = x.new_tensor(self.std).view(1, -1, 1, 1)
+        return (x - mean) / std
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A preprocessing and the record of how it was chosen; `pending` means: measure it."""
+
+    preprocess: Preprocess
+    info: PreprocessInfo
+    pending: tuple[tuple[str, Triple, Triple], ...] = ()
+
+
+def candidates(net: nn.Module) -> list[tuple[str, Triple, Triple]]:
+    """timm's pretrained config first (the usual convention), then plain pixels, then 0.5/0.5."""
+    cfg = timm.data.resolve_data_config({}, model=net)
+    named = [
+        ("timm", _triple(cfg["mean"]), _triple(cfg["std"])),
+        ("none", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
+        ("inception", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+    ]
+    seen: set[tuple[Triple, Triple]] = set()
+    out = []
+    for name, mean, std in named:
+        if (mean, std) not in seen:
+            seen.add((mean, std))
+            out.append((name, mean, std))
+    return out
+
+
+def _triple(values: Any) -> Triple:
+    return (float(values[0]), float(values[1]), float(values[2]))
+
+
+def metadata_json(meta: dict[str, str], key: str, where: str) -> Any:
+    if key not in meta:
+        return None
+    try:
+        return json.loads(meta[key])
+    except json.JSONDecodeError as e:
+        raise SpecError(f"{where}: __metadata__[{key!r}] is not valid JSON ({e})") from e
+
+
+def _check_triple(values: Any, what: str, where: str) -> Triple:
+    if not isinstance(values, (list, tuple)) or len(values) != 3:
+        raise SpecError(f"{where}: {what} needs 3 values (RGB), got {values!r}")
+    try:
+        out = _triple(values)
+    except (TypeError, ValueError):
+        raise SpecError(f"{where}: {what} must be numbers, got {values!r}") from None
+    if what == "std" and min(out) <= 0:
+        raise SpecError(f"{where}: std values must be positive, got {values!r}")
+    return out
+
+
+def _by_name(name: str, net: nn.Module, where: str, origin: str) -> tuple[Triple, Triple]:
+    for n, mean, std in candidates(net):
+        if n == name:
+            return mean, std
+    if name == "inception":  # deduplicated away: the architecture's config is 0.5/0.5 already
+        return (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    raise SpecError(
+        f"{where}: {origin} preprocess {name!r} is not one of auto, timm, none, inception"
+    )
+
+
+def _name_of(mean: Triple, std: Triple, net: nn.Module) -> str:
+    return next((n for n, m, s in candidates(net) if (m, s) == (mean, std)), "custom")
+
+
+def input_size(
+    ref: ModelRef, meta: dict[str, str], fixed: int | None, native: int, where: str
+) -> int:
+    size = ref.input_size or metadata_json(meta, "input_size", where) or fixed or native
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise SpecError(f"{where}: input_size must be a positive integer, got {size!r}")
+    if fixed and size != fixed:
+        raise SpecError(f"{where}: {where}.input_size={size} but the model only takes {fixed}px")
+    if size < MIN_INPUT_SIZE:
+        raise SpecError(
+            f"{where}: the dataset's images are {native}x{native} px, too small for a model to "
+            f"see anything; set {where}.input_size (at least {MIN_INPUT_SIZE}) to upsample them, "
+            "or upload larger images",
+            code="images_too_small",
+        )
+    return size
+
+
+def choose(
+    ref: ModelRef, meta: dict[str, str], net: nn.Module, size: int, where: str
+) -> Choice:
+    """What the spec or metadata say; else a provisional choice marked for measurement."""
+
+    def done(mean: Triple, std: Triple, source: PreprocessSource, note: str) -> Choice:
+        info = PreprocessInfo(name=_name_of(mean, std, net), input_size=size, mean=mean,
+                              std=std, source=source, note=note)
+        return Choice(Preprocess(size, mean, std), info)
+
+    if ref.mean is not None or ref.std is not None:
+        base = ref.preprocess if ref.preprocess != "auto" else "none"
+        mean0, std0 = _by_name(base, net, where, "spec")
+        mean = _triple(ref.mean) if ref.mean is not None else mean0
+        std = _triple(ref.std) if ref.std is not None else std0
+        return done(mean, std, "spec", "mean/std given in the spec")
+    if ref.preprocess != "auto":
+        mean, std = _by_name(ref.preprocess, net, where, "spec")
+        return done(mean, std, "spec", f"preprocess {ref.preprocess!r} given in the spec")
+    meta_mean = metadata_json(meta, "mean", where)
+    meta_std = metadata_json(meta, "std", where)
+    meta_name = meta.get("preprocess")
+    if meta_mean is not None or meta_std is not None or meta_name:
+        mean0, std0 = _by_name(meta_name or "none", net, where, "metadata")
+        mean = _check_triple(meta_mean, "mean", where) if meta_mean is not None else mean0
+        std = _check_triple(meta_std, "std", where) if meta_std is not None else std0
+        keys = [k for k in ("preprocess", "mean", "std") if k in meta]
+        return done(mean, std, "metadata", f"from the checkpoint's metadata ({', '.join(keys)})")
+    options = tuple(candidates(net))
+    name, mean, std = options[0]
+    info = PreprocessInfo(name=name, input_size=size, mean=mean, std=std, source="default",
+                          note="not measured: no labelled samples were available")
+    return Choice(Preprocess(size, mean, std), info, pending=options)
+
+
+@torch.no_grad()
+def _accuracy(
+    net: nn.Module, pre: Preprocess, images: torch.Tensor, labels: torch.Tensor,
+    device: torch.device,
+) -> float:
+    right = 0
+    for s in range(0, len(labels), _MEASURE_BATCH):
+        x = pre(images[s : s + _MEASURE_BATCH].to(device))
+        right += int((net(x).argmax(-1).cpu() == labels[s : s + _MEASURE_BATCH]).sum())
+    return right / max(1, len(labels))
+
+
+def measure(
+    choice: Choice, net: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+    device: torch.device,
+) -> Choice:
+    """Score every pending candidate on labelled samples; keep the best-predicting one."""
+    if not choice.pending:
+        return choice
+    n = min(MEASURE_SAMPLES, len(labels))
+    images, labels = images[:n], labels[:n]
+    size = choice.preprocess.input_size
+    scored = [
+        PreprocessCandidate(name=name, mean=mean, std=std,
+                            accuracy=_accuracy(net, Preprocess(size, mean, std), images, labels,
+                                               device))
+        for name, mean, std in choice.pending
+    ]
+    best = scored[0]
+    for c in scored[1:]:
+        if (c.accuracy - best.accuracy) * n > _TIE:
+            best = c
+    ranking = ", ".join(f"{c.name} {c.accuracy:.3f}" for c in scored)
+    note = (f"measured: no preprocessing in the spec or the checkpoint's metadata, so each "
+            f"candidate was scored on {n} labelled training samples ({ranking}); "
+            f"{best.name} predicts best")
+    info = choice.info.model_copy(update={
+        "name": best.name, "mean": best.mean, "std": best.std, "source": "measured",
+        "note": note, "candidates": scored, "samples": n,
+    })
+    return Choice(Preprocess(size, best.mean, best.std), info)
