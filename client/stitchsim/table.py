@@ -131,9 +131,10 @@ def format_table(report: Report) -> str:
     lines += ["", "mean agreement over stitch points"] + summary_lines(report)
     if report.summary.by_protocol:
         lines.append(f"weaker direction: {view.overall_line(report)}")
-    lines += _notes("warnings", [*view.near_chance_messages(report), *report.warnings])
-    if report.verdict_reason:
-        lines += _notes("no verdict, because", [report.verdict_reason])
+    lines += _notes("warnings", report.warnings)
+    reason = view.verdict_reason(report)
+    if reason:
+        lines += _notes("no verdict, because", [reason])
     lines += _notes("verdict caveats", report.verdict_caveats)
     lines += ["", verdict_line(report)]
     return "\n".join(lines)

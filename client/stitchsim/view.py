@@ -10,6 +10,7 @@ report: nothing here computes a summary. Standard library and contract only.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -252,6 +253,14 @@ class VerdictView:
     caveats: list[str]
 
 
+def verdict_reason(report: Report) -> str | None:
+    """The engine's reason for withholding the verdict, without a "no verdict:" lead-in of
+    its own (every rendering says that in its own words)."""
+    if report.verdict_reason is None:
+        return None
+    return re.sub(r"^\s*no verdict\s*[:,;-]\s*", "", report.verdict_reason, flags=re.IGNORECASE)
+
+
 def verdict_view(report: Report) -> VerdictView:
     s = report.summary
     meaning = (
@@ -261,9 +270,10 @@ def verdict_view(report: Report) -> VerdictView:
     )
     caveats = list(report.verdict_caveats)
     if report.verdict is None:
-        why = report.verdict_reason or "the spec set no threshold"
+        reason = verdict_reason(report)
+        why = (reason or "the spec set no threshold").rstrip(".")
         return VerdictView("none", f"No verdict: {why}. The similarity is {s.similarity:.3f}. "
-                           + meaning, report.verdict_reason, caveats)
+                           + meaning, reason, caveats)
     threshold = s.threshold if s.threshold is not None else float("nan")
     if report.verdict == "similar":
         sentence = (f"The two models are functionally similar: their similarity, "

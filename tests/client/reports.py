@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stitchsim.models import ModelSummary, PreprocessInfo, Report, ResultRow, Spec
-from stitchsim_worker.engine.summary import summarise
+from stitchsim_worker.engine.summary import summarise, verdict_caveats, withheld
 from stitchsim_worker.engine.summary import verdict as engine_verdict
 
 
@@ -68,25 +68,22 @@ def make_report(
                         )
                     )
     summary = summarise(spec, results)
-    verdict = engine_verdict(summary)
-    reason = None
-    if near_chance is not None:
-        verdict = None
-        reason = (f"the {near_chance} model predicts at chance (accuracy 0.100, chance 0.100): "
-                  "check the dataset, its arch_kwargs and its preprocessing")
     front_ck = spec.front.checkpoint if isinstance(spec.front.checkpoint, str) else "local"
     back_ck = spec.back.checkpoint if isinstance(spec.back.checkpoint, str) else "local"
+    front = _model(front_ck, at_chance=near_chance == "front")
+    back = _model(back_ck, at_chance=near_chance == "back")
+    reason = withheld(spec, front, back)
     return Report(
         job_id=job_id,
         spec=spec,
-        front=_model(front_ck, at_chance=near_chance == "front"),
-        back=_model(back_ck, at_chance=near_chance == "back"),
+        front=front,
+        back=back,
         dataset={"name": "digits"},
         results=results,
         summary=summary,
-        verdict=verdict,
+        verdict=None if reason else engine_verdict(summary),
         verdict_reason=reason,
-        verdict_caveats=list(caveats),
+        verdict_caveats=[*verdict_caveats(summary, results), *caveats],
     )
 
 

@@ -211,8 +211,9 @@ def test_no_verdict_at_chance_exits_2_and_says_what_to_fix(
     assert check(fake, files, "--threshold", "0.9", "--junit-xml", "junit.xml") == 2
     out = capsys.readouterr().out
     assert out.rstrip().splitlines()[-1] == (
-        "NO VERDICT: the back model predicts at chance (accuracy 0.100, chance 0.100): check "
-        "the dataset, its arch_kwargs and its preprocessing"
+        "NO VERDICT: the back model (test_resnet) scores at chance on this dataset, so "
+        "agreement with it means nothing; check the dataset, the arch_kwargs and the "
+        "preprocessing (mean/std or preprocess) of that model"
     )
     assert "PASS" not in out and "FAIL" not in out
     junit = ET.parse(tmp_path / "junit.xml").getroot()

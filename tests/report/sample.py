@@ -21,7 +21,7 @@ from stitchsim.models import (
     ResultRow,
     Spec,
 )
-from stitchsim_worker.engine.summary import summarise
+from stitchsim_worker.engine.summary import summarise, verdict_caveats, withheld
 from stitchsim_worker.engine.summary import verdict as engine_verdict
 
 __all__ = ["make_sample_report", "summarise"]
@@ -130,8 +130,8 @@ def make_sample_report(threshold: float | None = 0.75, shift: float = 0.0,
                        warnings: list[str] | None = None, caveats: list[str] | None = None,
                        near_chance: bool = False) -> Report:
     """`shift` lowers every agreement, to move the verdict across the threshold; `caveats`
-    are the verdict's; `near_chance` puts the back model at chance, which withholds the
-    verdict (as the engine does)."""
+    replace the verdict's (by default the engine's: the IRIs at the deepest point did not
+    converge); `near_chance` puts the back model at chance, which withholds the verdict."""
     spec = Spec.model_validate({
         "front": {"checkpoint": "sha256:" + "a" * 64, "arch": front_arch,
                   "arch_kwargs": {"num_classes": 10}},
@@ -158,17 +158,17 @@ def make_sample_report(threshold: float | None = 0.75, shift: float = 0.0,
         controls += _controls(direction, pairs)
     summary = summarise(spec, results)
     front, back = _models(front_arch, back_arch, front_layers, back_layers, spec, near_chance)
-    reason = None
+    reason = withheld(spec, front, back)
     if near_chance:
-        reason = ("the back model predicts at chance (accuracy 0.098, chance 0.100): check the "
-                  "dataset, the model's arch_kwargs and its preprocessing")
+        warnings = [*(warnings or []), "THE BACK MODEL IS AT CHANCE: resnet26 scores 0.098"]
     return Report(
         job_id="job_0123456789abcdef", spec=spec, front=front, back=back,
         dataset={"name": "digits", "n_train": 1437, "n_test": 360, "n_classes": 10,
                  "image_shape": [3, 32, 32]},
         results=results, controls=controls, summary=summary,
-        verdict=None if near_chance else engine_verdict(summary), verdict_reason=reason,
-        verdict_caveats=caveats or [], warnings=warnings or [],
+        verdict=None if reason else engine_verdict(summary), verdict_reason=reason,
+        verdict_caveats=verdict_caveats(summary, results) if caveats is None else caveats,
+        warnings=warnings or [],
         environment={"stitchsim": "0.1.0", "torch": "2.14.1", "timm": "1.0.31",
                      "device": "cpu", "seed": 0, "durations_s": {"train": 52.1, "iri": 31.9}},
     )

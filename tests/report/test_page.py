@@ -217,7 +217,7 @@ def test_a_model_at_chance_gets_a_loud_warning_and_no_verdict() -> None:
     assert 'role="alert"' in alert and "The back model (resnet26) predicts at chance" in alert
     assert "accuracy 0.098 (chance: 0.100)" in alert
     assert 'data-verdict="none"' in html
-    assert "No verdict: the back model predicts at chance" in html
+    assert "No verdict: the back model (resnet26) scores at chance on this dataset" in html
     assert "0.098 (at chance)" in html[html.index('id="models-table"'):]
     # A healthy report has no such box.
     assert 'id="near-chance"' not in render_report_page(make_sample_report())
@@ -244,6 +244,10 @@ def test_caveats_stand_under_the_verdict() -> None:
     verdict = html[html.index('id="verdict"'):]
     verdict = verdict[: verdict.index("</section>")]
     assert 'id="verdict-caveats"' in verdict and caveat in verdict
+    # The engine's own, from the sample's unconverged deepest IRIs.
+    engine = render_report_page(make_sample_report())
+    assert "rests on IRIs that did not converge at back_to_front layer3-&gt;layer3" in engine
+    assert 'id="verdict-caveats"' not in render_report_page(make_sample_report(caveats=[]))
 
 
 def test_drops_and_similarity_are_read_from_the_report() -> None:

@@ -128,10 +128,9 @@ def test_no_verdict_at_chance_says_why_and_caveats_are_listed() -> None:
     caveat = "the invariance-aware figure rests on unconverged IRIs"
     lines = format_table(make_sample_report(near_chance=True, caveats=[caveat])).splitlines()
     assert next(line for line in lines if line.startswith("back: ")).endswith("AT CHANCE")
-    warnings = lines[lines.index("warnings") + 1]
-    assert warnings.startswith("  - The back model (resnet26) predicts at chance")
+    assert lines[lines.index("warnings") + 1].startswith("  - THE BACK MODEL IS AT CHANCE")
     why = lines.index("no verdict, because")
-    assert lines[why + 1].startswith("  - the back model predicts at chance (accuracy 0.098")
+    assert lines[why + 1].startswith("  - the back model (resnet26) scores at chance on this")
     assert lines[lines.index("verdict caveats") + 1] == f"  - {caveat}"
     assert lines[-1].startswith("VERDICT: none (see why above); similarity")
 

@@ -189,7 +189,7 @@ def test_the_codes_the_engine_and_the_jobs_end_with_are_registered() -> None:
     for code in ("invalid_spec", "unknown_arch", "invalid_arch_kwargs", "weights_mismatch",
                  "invalid_checkpoint", "class_mismatch", "unknown_layer", "invalid_input_size",
                  "unknown_dataset", "invalid_dataset", "not_found", "unstitchable_point",
-                 "job_too_large"):
+                 "job_too_large", "images_too_small"):
         assert codes.status_of(code) in (404, 422) and codes.CODES[code].user_fault, code
     for code in ("engine_error", "attempts_exhausted", "cancelled", "time_limit",
                  "out_of_memory", "worker_broken"):
