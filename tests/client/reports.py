@@ -68,23 +68,14 @@ def make_report(
                         )
                     )
     summary = summarise(spec, results)
-    front_ck = spec.front.checkpoint if isinstance(spec.front.checkpoint, str) else "local"
-    back_ck = spec.back.checkpoint if isinstance(spec.back.checkpoint, str) else "local"
-    front = _model(front_ck, at_chance=near_chance == "front")
-    back = _model(back_ck, at_chance=near_chance == "back")
-    reason = withheld(spec, front, back)
-    return Report(
-        job_id=job_id,
-        spec=spec,
-        front=front,
-        back=back,
-        dataset={"name": "digits"},
-        results=results,
-        summary=summary,
-        verdict=None if reason else engine_verdict(summary),
-        verdict_reason=reason,
-        verdict_caveats=[*verdict_caveats(summary, results), *caveats],
-    )
+    models = {side: _model(ref.checkpoint if isinstance(ref.checkpoint, str) else "local",
+                           at_chance=near_chance == side)
+              for side, ref in (("front", spec.front), ("back", spec.back))}
+    reason = withheld(spec, models["front"], models["back"])
+    return Report(job_id=job_id, spec=spec, **models, dataset={"name": "digits"},
+                  results=results, summary=summary, verdict_reason=reason,
+                  verdict=None if reason else engine_verdict(summary),
+                  verdict_caveats=[*verdict_caveats(summary, results), *caveats])
 
 
 def _model(checkpoint: str, *, at_chance: bool) -> ModelSummary:

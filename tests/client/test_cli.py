@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -71,12 +70,6 @@ def api(cls: type, status: int) -> Exception:
 )
 def test_exit_code_mapping(exc: BaseException, code: int) -> None:
     assert exit_code_for(exc) == code
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeService]:
-    with FakeService() as service:
-        yield service
 
 
 @pytest.fixture

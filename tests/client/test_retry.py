@@ -5,7 +5,6 @@ from __future__ import annotations
 import email.utils
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,12 +19,6 @@ from stitchsim.sdk import parse_retry_after
 
 from tests.client.fake_service import FakeService
 from tests.client.files import write_safetensors
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeService]:
-    with FakeService() as service:
-        yield service
 
 
 def recording(client: Client) -> list[float]:

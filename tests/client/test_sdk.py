@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,12 +23,6 @@ from tests.client.fake_service import FakeService
 from tests.client.files import write_safetensors
 
 LAYER = [{"front": "layer1", "back": "layer1"}]
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeService]:
-    with FakeService() as service:
-        yield service
 
 
 @pytest.fixture
