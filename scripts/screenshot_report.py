@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # for tests.report.chromium, the shared browser driver
 
 from stitchsim.models import Report, Spec  # noqa: E402
-from stitchsim_service.report_page import render_report_page  # noqa: E402
+from stitchsim_service.gateway.pages import render_report_page  # noqa: E402
 
 from tests.report.chromium import Chromium, find_chromium  # noqa: E402
 

@@ -16,11 +16,11 @@ from celery.signals import (
     worker_ready,
     worker_shutdown,
 )
-from sqlalchemy import delete
-from stitchsim_service.context import Context
-from stitchsim_service.db import WorkerRow, forget_inherited_databases, utcnow
-from stitchsim_service.queue import RUN_TASK, make_celery
-from stitchsim_service.settings import get_settings
+from stitchsim_service.core import jobs, workers
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.db import forget_inherited_databases
+from stitchsim_service.core.queue import RUN_TASK, make_celery
+from stitchsim_service.core.settings import get_settings
 
 log = logging.getLogger("stitchsim.worker")
 
@@ -58,9 +58,7 @@ def _received(request: Any = None, **_: Any) -> None:
     if request is None or request.name != RUN_TASK or not request.args:
         return
     try:
-        from stitchsim_service.jobs import mark_delivered
-
-        mark_delivered(worker_context(), str(request.args[0]), request.hostname or "")
+        jobs.mark_delivered(worker_context(), str(request.args[0]), request.hostname or "")
     except Exception as exc:
         log.warning("could not mark delivery: %s", exc)
 
@@ -87,13 +85,7 @@ class _Presence:
         period = min(5.0, ctx.settings.heartbeat_s)
         while True:
             try:
-                with ctx.db.write() as s:
-                    row = s.get(WorkerRow, self.name)
-                    if row is None:
-                        s.add(WorkerRow(name=self.name, queues=self.queues, pid=os.getpid(),
-                                        last_seen=utcnow()))
-                    else:
-                        row.queues, row.pid, row.last_seen = self.queues, os.getpid(), utcnow()
+                workers.announce(ctx, self.name, self.queues)
             except Exception as exc:
                 log.warning("presence update failed: %s", exc)
             if self.stop.wait(period):
@@ -118,7 +110,6 @@ def _shutdown(**_: Any) -> None:
     if not _presence.name:
         return
     try:
-        with worker_context().db.write() as s:
-            s.execute(delete(WorkerRow).where(WorkerRow.name == _presence.name))
+        workers.forget(worker_context(), _presence.name)
     except Exception as exc:
         log.warning("could not deregister: %s", exc)

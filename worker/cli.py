@@ -34,19 +34,23 @@ def _apply_env(args: argparse.Namespace) -> None:
 
 
 def _settings():  # type: ignore[no-untyped-def]
-    from stitchsim_service.settings import Settings, get_settings
+    from stitchsim_service.core.settings import Settings, get_settings
 
     get_settings.cache_clear()
     s: Settings = get_settings()
     return s
 
 
+GATEWAY_APP = "stitchsim_service.gateway.main:create_app"
+"""By import string: the worker side never imports the gateway (nor FastAPI) itself, and
+uvicorn could start several processes of it."""
+
+
 def _run_gateway(host: str, port: int, log_level: str) -> None:
     import uvicorn
-    from stitchsim_service.main import create_app
 
-    settings = _settings()
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level,
+    _settings()  # flags and environment are applied: the app reads the same settings
+    uvicorn.run(GATEWAY_APP, factory=True, host=host, port=port, log_level=log_level,
                 timeout_graceful_shutdown=10)
 
 
@@ -124,7 +128,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"http://{settings.host}:{settings.port}", flush=True)
     if settings.embedded:
         # Create the broker's tables once, before several workers race to.
-        from stitchsim_service.queue import JobQueue
+        from stitchsim_service.core.queue import JobQueue
 
         JobQueue(settings).ping()
     sup = Supervisor(commands)
@@ -166,8 +170,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_keys(args: argparse.Namespace) -> int:
     _apply_env(args)
-    from stitchsim_service.auth import LOCAL_OWNER, create_key, list_keys, revoke_key
-    from stitchsim_service.db import get_database
+    from stitchsim_service.core.db import get_database
+    from stitchsim_service.core.keys import LOCAL_OWNER, create_key, list_keys, revoke_key
 
     db = get_database(_settings().resolved_database_url)
     if args.keys_cmd == "create":
@@ -193,7 +197,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def _set_limits(db, owner: str, args: argparse.Namespace) -> int:  # type: ignore[no-untyped-def]
-    from stitchsim_service import quotas
+    from stitchsim_service.core import quotas
 
     changes = {name: None if value == "default" else value
                for name, value in (("max_active_jobs", args.max_jobs),

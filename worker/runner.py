@@ -12,9 +12,9 @@ import traceback
 from typing import Any
 
 from stitchsim.models import Progress, Spec
-from stitchsim_service import jobs
-from stitchsim_service.context import Context
-from stitchsim_service.store import StoreError, object_key, report_key
+from stitchsim_service.core import jobs
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.store import StoreError, object_key, report_key
 
 log = logging.getLogger("stitchsim.worker")
 
@@ -201,5 +201,5 @@ def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> dict[str,
                     "error_message": "the GPU ran out of memory; use a smaller batch size or "
                                      "fewer stitch points"}
         log.error("job %s failed:\n%s", claim.job_id, traceback.format_exc())
-        return {"state": "failed", "error_code": "internal",
-                "error_message": f"the worker failed unexpectedly: {type(exc).__name__}: {exc}"}
+        return {"state": "failed", "error_code": "engine_error",
+                "error_message": f"the engine failed unexpectedly: {type(exc).__name__}: {exc}"}

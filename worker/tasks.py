@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stitchsim_service.queue import CHECK_TASK, RUN_TASK
+from stitchsim_service.core.queue import CHECK_TASK, RUN_TASK
 from stitchsim_worker.celery_app import app, worker_context
 from stitchsim_worker.runner import check_spec_doc, execute_job
 

@@ -1,52 +1,39 @@
-"""stitchsim client: the contract models, the HTTP SDK and the `stitchsim` CLI."""
+"""stitchsim client: the contract (models, error codes, dataset catalogue, file checks), the HTTP
+SDK and the `stitchsim` CLI.
 
-from stitchsim.errors import (
-    APIError,
-    AuthenticationError,
-    Conflict,
-    ConnectionFailed,
-    InvalidFile,
-    InvalidRequest,
-    InvalidSpec,
-    JobCancelled,
-    JobError,
-    JobFailed,
-    NotFound,
-    RateLimited,
-    ServerError,
-    ServiceUnavailable,
-    StitchsimError,
-    UsageError,
-    WaitTimeout,
-)
-from stitchsim.models import JobStatus, Report, Spec, StoredObject
-from stitchsim.sdk import Client, Job, file_sha256
+Names are imported on first use (PEP 562), so `import stitchsim.models` costs the contract
+alone: the engine and the service import it without httpx or the SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "APIError",
-    "AuthenticationError",
-    "Client",
-    "Conflict",
-    "ConnectionFailed",
-    "InvalidFile",
-    "InvalidRequest",
-    "InvalidSpec",
-    "Job",
-    "JobCancelled",
-    "JobError",
-    "JobFailed",
-    "JobStatus",
-    "NotFound",
-    "RateLimited",
-    "Report",
-    "ServerError",
-    "ServiceUnavailable",
-    "Spec",
-    "StitchsimError",
-    "StoredObject",
-    "UsageError",
-    "WaitTimeout",
-    "file_sha256",
-]
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(
+        ("APIError", "AuthenticationError", "Conflict", "ConnectionFailed", "InvalidFile",
+         "InvalidRequest", "InvalidSpec", "JobCancelled", "JobError", "JobFailed", "NotFound",
+         "RateLimited", "ServerError", "ServiceUnavailable", "StitchsimError", "UsageError",
+         "WaitTimeout"),
+        "stitchsim.errors",
+    ),
+    **dict.fromkeys(("JobStatus", "Report", "Spec", "StoredObject"), "stitchsim.models"),
+    **dict.fromkeys(("Client", "Job", "file_sha256"), "stitchsim.sdk"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stitchsim' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once found, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

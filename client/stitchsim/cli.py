@@ -21,9 +21,10 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, TextIO
 
-from stitchsim import __version__
+from stitchsim import __version__, view
 from stitchsim.config import Settings, deep_merge, load_settings
 from stitchsim.errors import (
+    APIError,
     AuthenticationError,
     ConnectionFailed,
     InvalidRequest,
@@ -48,12 +49,15 @@ log = logging.getLogger("stitchsim")
 
 
 def exit_code_for(exc: BaseException) -> int:
-    """The exit code an error ends the command with."""
+    """The exit code an error ends the command with: whose fault it is comes from the
+    error-code registry (stitchsim.codes) where the code is known, else from the HTTP status."""
     if isinstance(exc, WaitTimeout):
         return EXIT_TIMEOUT
     if isinstance(exc, UsageError):
         return EXIT_USAGE
     if isinstance(exc, JobFailed):
+        return EXIT_USAGE if exc.is_user_error else EXIT_SERVICE
+    if isinstance(exc, APIError) and exc.is_user_error is not None:
         return EXIT_USAGE if exc.is_user_error else EXIT_SERVICE
     if isinstance(exc, InvalidRequest | AuthenticationError | NotFound):
         return EXIT_USAGE
@@ -327,6 +331,11 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
     print(_table(report), file=out)
     if args.junit_xml:
         _write(args.junit_xml, report_to_junit(report, time_s=time.monotonic() - started))
+    if view.no_verdict_despite_threshold(report):
+        # Not a pass and not "below threshold": the figures cannot be trusted, and what makes
+        # them so is on the user's side (the dataset, arch kwargs or preprocessing).
+        print(f"NO VERDICT: {view.verdict_reason(report)}", file=out)
+        return EXIT_USAGE
     passed = _passed(report)
     s = report.summary
     threshold = s.threshold if s.threshold is not None else float(fields["threshold"])
@@ -336,6 +345,8 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         f"({s.similarity_protocol.replace('_', '-')} protocol, minimum over directions)",
         file=out,
     )
+    for caveat in report.verdict_caveats:
+        print(f"  caveat: {caveat}", file=out)
     return EXIT_PASS if passed else EXIT_BELOW_THRESHOLD
 
 
@@ -467,7 +478,7 @@ def _cancel_quietly(job: Job) -> None:
     # Best effort: a CI job that gave up should not leave a GPU busy, but a failure to cancel
     # must not hide why we gave up.
     try:
-        job.client._request("DELETE", f"/jobs/{job.id}", retries=1)
+        job.client.http.request("DELETE", f"/jobs/{job.id}", retries=1)
         log.info("job %s cancelled", job.id)
     except StitchsimError as exc:
         log.warning("could not cancel job %s: %s", job.id, exc)

@@ -2,16 +2,20 @@
 
 Every error the service answers with (`{"error": {"code", "message", "details"}}`) becomes an
 `APIError` subclass chosen by HTTP status, so callers can catch what they can act on (fix the
-spec, retry later, check the key) without parsing messages.
+spec, retry later, check the key) without parsing messages. Whose fault an error is and
+whether a retry may help come from the error-code registry (`stitchsim.codes`), so the CLI's
+exit codes follow the same table as the service.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-import httpx
+from stitchsim import codes
 
 if TYPE_CHECKING:
+    import httpx
+
     from stitchsim.models import ErrorInfo, JobStatus
 
 
@@ -63,7 +67,8 @@ class ConnectionFailed(StitchsimError):
 class APIError(StitchsimError):
     """The service answered with an error status."""
 
-    retryable = False
+    _retry_by_status = False
+    """For codes the registry does not know (a proxy's, a newer service's)."""
 
     def __init__(
         self,
@@ -83,6 +88,18 @@ class APIError(StitchsimError):
     def __str__(self) -> str:
         # The service writes what to fix into the message; details are for programs.
         return f"{self.message} ({self.code}, HTTP {self.status_code})"
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the same request may succeed later."""
+        entry = codes.get(self.code)
+        return entry.retry if entry else self._retry_by_status
+
+    @property
+    def is_user_error(self) -> bool | None:
+        """Whether the user must change something; None for a code the registry lacks."""
+        entry = codes.get(self.code)
+        return entry.user_fault if entry else None
 
     @classmethod
     def from_response(cls, response: httpx.Response) -> APIError:
@@ -114,13 +131,13 @@ class Conflict(APIError):
 class RateLimited(APIError):
     """429: too many requests; retried automatically before this is raised."""
 
-    retryable = True
+    _retry_by_status = True
 
 
 class ServiceUnavailable(APIError):
     """502/503/504: the service or what it depends on is down; retried before this is raised."""
 
-    retryable = True
+    _retry_by_status = True
 
 
 class ServerError(APIError):
@@ -158,14 +175,6 @@ class JobError(StitchsimError):
 class JobFailed(JobError):
     """The job ended `failed`; `code`/`message` are the service's reason."""
 
-    # Codes for problems the user must fix in the spec or the files (the engine's SpecError
-    # codes), as opposed to infrastructure failures (out_of_memory, time_limit, worker_broken,
-    # attempts_exhausted, internal...) that a rerun may cure. Unknown codes count as the
-    # latter: telling CI to retry is the cheaper mistake.
-    _USER_PREFIXES = ("invalid", "unknown_", "unsupported_")
-    _USER_SUFFIXES = ("_mismatch",)
-    _USER_CODES = frozenset({"not_found"})
-
     def __init__(self, job_id: str, error: ErrorInfo | None, status: JobStatus | None = None):
         self.code = error.code if error else "failed"
         self.details = error.details if error else None
@@ -175,11 +184,16 @@ class JobFailed(JobError):
 
     @property
     def is_user_error(self) -> bool:
-        return (
-            self.code.startswith(self._USER_PREFIXES)
-            or self.code.endswith(self._USER_SUFFIXES)
-            or self.code in self._USER_CODES
-        )
+        """Whether the spec or the files must change (the registry says so of the code), as
+        opposed to an infrastructure failure a rerun may cure. Unknown codes count as the
+        latter: telling CI to retry is the cheaper mistake."""
+        entry = codes.get(self.code)
+        return entry.user_fault if entry else False
+
+    @property
+    def retryable(self) -> bool:
+        entry = codes.get(self.code)
+        return entry.retry if entry else True
 
 
 class JobCancelled(JobError):

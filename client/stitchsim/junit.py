@@ -2,40 +2,23 @@
 
 The verdict figure is the minimum over directions of the mean agreement over all stitch points
 and objectives of one protocol (the invariance-aware one when it ran). So the compared figures
-are those per-direction means, and the check passes exactly when each of them reaches the
-threshold; each becomes a test case whose output breaks it down by objective and stitch point.
+are those per-direction means, as the engine reports them (`summary.by_direction`), and the
+check passes exactly when each of them reaches the threshold; each becomes a test case whose
+output breaks it down by objective and stitch point. A report without a verdict although a
+threshold was given (a model at chance, say) becomes an erroring case that says why.
 Test-case names leave out checkpoint hashes so CI tools can track them across runs.
 """
 
 from __future__ import annotations
 
-import statistics
 import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from stitchsim.models import Direction, Protocol, Report, ResultRow
+from stitchsim import view
+from stitchsim.models import Report
+from stitchsim.view import ComparedFigure, compared_figures
 
-
-@dataclass(frozen=True)
-class ComparedFigure:
-    protocol: Protocol
-    direction: Direction
-    mean_agreement: float
-    rows: list[ResultRow]
-
-
-def compared_figures(report: Report) -> list[ComparedFigure]:
-    """The per-direction figures whose minimum is the report's similarity."""
-    protocol = report.summary.similarity_protocol
-    by_direction: dict[Direction, list[ResultRow]] = {}
-    for row in report.results:
-        if row.protocol == protocol:
-            by_direction.setdefault(row.direction, []).append(row)
-    return [
-        ComparedFigure(protocol, d, statistics.fmean(r.agreement for r in rows), rows)
-        for d, rows in by_direction.items()
-    ]
+__all__ = ["compared_figures", "error_to_junit", "report_to_junit"]
 
 
 def report_to_junit(
@@ -55,7 +38,7 @@ def report_to_junit(
             time=f"{sum(r.seconds for r in fig.rows):.3f}",
         )
         breakdown = _breakdown(report, fig)
-        if threshold is not None and fig.mean_agreement < threshold:
+        if report.verdict is not None and threshold is not None and fig.mean_agreement < threshold:
             failures += 1
             ET.SubElement(
                 case,
@@ -70,12 +53,21 @@ def report_to_junit(
             f"mean agreement {fig.mean_agreement:.4f}"
             + (f" (threshold {threshold:.4f})" if threshold is not None else "")
             + "\n"
+            + "".join(f"caveat: {c}\n" for c in report.verdict_caveats)
             + breakdown
         )
 
     # Never let the file pass while the service's verdict (and so the exit code) says fail.
     tests = len(figures)
-    if report.verdict == "dissimilar" and failures == 0:
+    errors = 0
+    if view.no_verdict_despite_threshold(report):
+        tests += 1
+        errors += 1
+        case = ET.SubElement(cases, "testcase", classname="stitchsim", name="verdict", time="0")
+        reason = view.verdict_reason(report) or ""
+        ET.SubElement(case, "error", type="NoVerdict", message=f"no verdict: {reason}"
+                      ).text = reason
+    elif report.verdict == "dissimilar" and failures == 0:
         tests += 1
         failures += 1
         case = ET.SubElement(cases, "testcase", classname="stitchsim", name="verdict", time="0")
@@ -86,7 +78,7 @@ def report_to_junit(
             message=f"verdict dissimilar: similarity {report.summary.similarity:.4f} "
             f"< threshold {threshold}",
         )
-    _finish(suite_el, tests=tests, failures=failures, errors=0)
+    _finish(suite_el, tests=tests, failures=failures, errors=errors)
     return _serialise(suite_el)
 
 
@@ -123,6 +115,7 @@ def _suite(name: str, report: Report | None, time_s: float | None) -> tuple[ET.E
             ("similarity_protocol", s.similarity_protocol),
             ("threshold", s.threshold),
             ("verdict", report.verdict),
+            ("verdict_reason", report.verdict_reason),
             *((f"mean_agreement.{p}", f"{v:.4f}") for p, v in sorted(s.by_protocol.items())),
         ):
             if value is not None:

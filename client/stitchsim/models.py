@@ -7,9 +7,12 @@ models, the worker's engine fills them in, and the client parses responses with 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# The catalogue's names, as the spec and its users know them.
+from stitchsim.datasets import BUILTIN_DATASETS as BUILTIN_DATASETS
 
 Objective = Literal["hlm", "slm", "dm", "fula"]
 Protocol = Literal["standard", "invariance_aware"]
@@ -25,17 +28,14 @@ config (ImageNet mean/std for most), `none` feeds plain [0,1] pixels, `inception
 measures the candidates on labelled samples and keeps the best-predicting one."""
 PreprocessSource = Literal["spec", "metadata", "measured", "default"]
 
-OBJECTIVES: tuple[Objective, ...] = ("hlm", "slm", "dm", "fula")
-PROTOCOLS: tuple[Protocol, ...] = ("standard", "invariance_aware")
-BUILTIN_DATASETS: tuple[str, ...] = (
-    "digits",
-    "digits_correlated",
-    "digits_digit_only",
-    "digits_colour_only",
-    "digits_colour_patches",
-    "digits_marker",
-    "clustered_noise",
-)
+# The one ordering of each enumeration (reports, tables and plots list them in this order).
+OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
+PROTOCOLS: tuple[Protocol, ...] = get_args(Protocol)
+DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
+CONTROLS: tuple[Control, ...] = get_args(Control)
+JOB_STATES: tuple[JobState, ...] = get_args(JobState)
+ACTIVE_STATES: tuple[JobState, ...] = ("queued", "running")
+TERMINAL_STATES: tuple[JobState, ...] = tuple(s for s in JOB_STATES if s not in ACTIVE_STATES)
 
 
 class _Strict(BaseModel):

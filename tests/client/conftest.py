@@ -1,8 +1,18 @@
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.client.fake_service import FakeService
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeService]:
+    """The scripted fake service, on a free local port."""
+    with FakeService() as service:
+        yield service
 
 
 @pytest.fixture(autouse=True)

@@ -61,6 +61,9 @@ class FakeService:
         ]
     )
     agreement: dict[tuple[str, str], float] = field(default_factory=dict)
+    # What the engine would add to a report (verdict_reason, verdict_caveats, a model at
+    # chance ...), as keyword arguments of make_report.
+    report_extra: dict[str, Any] = field(default_factory=dict)
     spec_check: Callable[[dict[str, Any]], Response | None] | None = None
     api_key: str | None = None
     requests: list[Recorded] = field(default_factory=list)
@@ -209,7 +212,8 @@ class FakeService:
             if self._status(job, advance=False)["state"] != "succeeded":
                 return _error(409, "conflict", "the job has not finished")
             spec = {k: v for k, v in job.spec.items() if not k.startswith("_")}
-            report = make_report(Spec.model_validate(spec), self.agreement, job_id=job.id)
+            report = make_report(Spec.model_validate(spec), self.agreement, job_id=job.id,
+                                 **self.report_extra)
             if route[2] == "report":
                 return _json(200, json.loads(report.model_dump_json()))
             if route[2] == "report.html":

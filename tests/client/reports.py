@@ -1,17 +1,14 @@
-"""Reports built by hand with chosen agreements, for testing the client without the engine."""
+"""Reports built by hand with chosen agreements, for testing the client without running jobs;
+the summary (similarity, drops, verdict) is the engine's own, from its summary module."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from stitchsim.models import (
-    ModelSummary,
-    Report,
-    ResultRow,
-    Spec,
-    Summary,
-    SummaryRow,
-)
+from stitchsim.models import ModelSummary, PreprocessInfo, Report, ResultRow, Spec
+from stitchsim_worker.engine.summary import summarise, verdict_caveats, withheld
+from stitchsim_worker.engine.summary import verdict as engine_verdict
 
 
 def make_report(
@@ -21,12 +18,16 @@ def make_report(
     job_id: str = "job-1",
     layer_spread: float = 0.02,
     objective_spread: float = 0.0,
+    near_chance: str | None = None,
+    caveats: Sequence[str] = (),
 ) -> Report:
     """A report for `spec`; `agreement[(protocol, direction)]` is the mean over stitch points
     and objectives, which is how the engine pools them for the verdict.
 
     Stitch points deviate from it by ±layer_spread/2 and objectives by ±objective_spread/2,
     symmetrically, so the pooled mean stays exact. Missing entries default to 0.95.
+    `near_chance` ("front" or "back") puts that model at chance: no verdict, and why;
+    `caveats` become the verdict's caveats.
     """
     spec = spec if isinstance(spec, Spec) else Spec.model_validate(spec)
     agreement = agreement or {}
@@ -36,7 +37,6 @@ def make_report(
         else [(p.front, p.back) for p in spec.layers]
     )
     results: list[ResultRow] = []
-    summary_rows: list[SummaryRow] = []
     for protocol in spec.protocols:
         for direction in spec.direction_list():
             k = len(spec.objectives)
@@ -67,48 +67,24 @@ def make_report(
                             seconds=1.5,
                         )
                     )
-                summary_rows.append(
-                    SummaryRow(
-                        protocol=protocol,
-                        direction=direction,
-                        objective=objective,
-                        mean_agreement=mean,
-                    )
-                )
-    by_protocol = {
-        p: min(
-            sum(r.agreement for r in results if (r.protocol, r.direction) == (p, d))
-            / sum(1 for r in results if (r.protocol, r.direction) == (p, d))
-            for d in spec.direction_list()
-        )
-        for p in spec.protocols
-    }
-    sim_protocol = "invariance_aware" if "invariance_aware" in spec.protocols else "standard"
-    similarity = by_protocol[sim_protocol]
-    verdict = None
-    if spec.threshold is not None:
-        verdict = "similar" if similarity >= spec.threshold else "dissimilar"
-    model = {
-        "arch": "test_resnet",
-        "accuracy": 0.9,
-        "accuracy_ci": (0.88, 0.92),
-        "input_size": 32,
-    }
-    front_ck = spec.front.checkpoint if isinstance(spec.front.checkpoint, str) else "local"
-    back_ck = spec.back.checkpoint if isinstance(spec.back.checkpoint, str) else "local"
-    return Report(
-        job_id=job_id,
-        spec=spec,
-        front=ModelSummary(checkpoint=front_ck, **model),
-        back=ModelSummary(checkpoint=back_ck, **model),
-        dataset={"name": "digits"},
-        results=results,
-        summary=Summary(
-            rows=summary_rows,
-            by_protocol=by_protocol,
-            similarity=similarity,
-            similarity_protocol=sim_protocol,
-            threshold=spec.threshold,
-        ),
-        verdict=verdict,
+    summary = summarise(spec, results)
+    models = {side: _model(ref.checkpoint if isinstance(ref.checkpoint, str) else "local",
+                           at_chance=near_chance == side)
+              for side, ref in (("front", spec.front), ("back", spec.back))}
+    reason = withheld(spec, models["front"], models["back"])
+    return Report(job_id=job_id, spec=spec, **models, dataset={"name": "digits"},
+                  results=results, summary=summary, verdict_reason=reason,
+                  verdict=None if reason else engine_verdict(summary),
+                  verdict_caveats=[*verdict_caveats(summary, results), *caveats])
+
+
+def _model(checkpoint: str, *, at_chance: bool) -> ModelSummary:
+    accuracy = 0.1 if at_chance else 0.9
+    return ModelSummary(
+        checkpoint=checkpoint, arch="test_resnet", accuracy=accuracy,
+        accuracy_ci=(accuracy - 0.02, accuracy + 0.02), input_size=32,
+        preprocess=PreprocessInfo(name="none", input_size=32, mean=(0.0, 0.0, 0.0),
+                                  std=(1.0, 1.0, 1.0), source="metadata",
+                                  note="mean and std from the checkpoint's metadata"),
+        chance_accuracy=0.1, near_chance=at_chance,
     )

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -57,6 +56,12 @@ def api(cls: type, status: int) -> Exception:
         (api(RateLimited, 429), 3),
         (api(ServerError, 500), 3),
         (api(Conflict, 409), 3),
+        # Known codes: whose fault it is comes from the registry, whatever the class.
+        (Conflict("m", status_code=409, code="idempotency_conflict"), 2),
+        (Conflict("m", status_code=409, code="in_use"), 3),
+        (InvalidRequest("m", status_code=413, code="quota_exceeded"), 2),
+        (JobFailed("j", ErrorInfo(code="engine_error", message="a bug")), 3),
+        (JobFailed("j", ErrorInfo(code="unstitchable_point", message="in place")), 2),
         (JobCancelled("cancelled", "j"), 3),
         (StitchsimError("other"), 3),
         (RuntimeError("a bug"), 3),  # never 1, which means "below threshold"
@@ -65,12 +70,6 @@ def api(cls: type, status: int) -> Exception:
 )
 def test_exit_code_mapping(exc: BaseException, code: int) -> None:
     assert exit_code_for(exc) == code
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeService]:
-    with FakeService() as service:
-        yield service
 
 
 @pytest.fixture
@@ -196,6 +195,32 @@ def test_spec_refused_by_the_service_exits_2_with_its_message(
     assert check(fake, files, "--threshold", "0.9", "--layers", "layer9") == 2
     err = capsys.readouterr().err
     assert "no module 'layer9' in resnet18 (invalid_spec, HTTP 422)" in err
+
+
+def test_no_verdict_at_chance_exits_2_and_says_what_to_fix(
+    fake: FakeService, files: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.report_extra = {"near_chance": "back"}
+    assert check(fake, files, "--threshold", "0.9", "--junit-xml", "junit.xml") == 2
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1] == (
+        "NO VERDICT: the back model (test_resnet) scores at chance on this dataset, so "
+        "agreement with it means nothing; check the dataset, the arch_kwargs and the "
+        "preprocessing (mean/std or preprocess) of that model"
+    )
+    assert "PASS" not in out and "FAIL" not in out
+    junit = ET.parse(tmp_path / "junit.xml").getroot()
+    assert junit.get("errors") == "1" and junit.get("failures") == "0"
+
+
+def test_caveats_are_printed_under_the_verdict(
+    fake: FakeService, files: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.report_extra = {"caveats": ["the figure rests on unconverged IRIs"]}
+    assert check(fake, files, "--threshold", "0.9") == 0
+    lines = capsys.readouterr().out.rstrip().splitlines()
+    assert lines[-2].startswith("PASS: similarity")
+    assert lines[-1] == "  caveat: the figure rests on unconverged IRIs"
 
 
 def test_service_down_exits_3(

@@ -93,7 +93,8 @@ def test_check_identical_checkpoints_exits_0(identical: Run) -> None:
     assert report.summary.similarity_protocol == "invariance_aware"
 
     lines = identical.out.rstrip().splitlines()
-    assert lines[-1].startswith("PASS: similarity ")
+    verdict = _verdict_line(lines, report)
+    assert lines[verdict].startswith("PASS: similarity ")
     assert any("VERDICT" in line or "verdict" in line.lower() for line in lines)  # the table
     # Not a terminal: plain progress lines, ending in success.
     progress = [line for line in identical.err.splitlines() if line.startswith("stitchsim: job ")]
@@ -106,6 +107,14 @@ def test_check_identical_checkpoints_exits_0(identical: Run) -> None:
     # One direction, one compared figure.
     assert [c.get("name") for c in cases] == ["front_to_back mean agreement"]
     assert suite.get("failures") == "0"
+
+
+def _verdict_line(lines: list[str], report: Report) -> int:
+    """Where the PASS/FAIL line is: last, but for the report's caveats printed under it."""
+    n = len(report.verdict_caveats)
+    assert [line.removeprefix("  caveat: ") for line in lines[len(lines) - n:]] == \
+        report.verdict_caveats
+    return len(lines) - n - 1
 
 
 def test_clean_vs_shortcut_model_exits_1_and_reuses_the_reference(
@@ -121,7 +130,8 @@ def test_clean_vs_shortcut_model_exits_1_and_reuses_the_reference(
     # The shortcut model's invariances differ from the clean one's: the invariance-aware
     # protocol shows a far larger gap than the standard one.
     assert s.by_protocol["invariance_aware"] < s.by_protocol["standard"] - 0.2
-    assert run.out.rstrip().splitlines()[-1].startswith(f"FAIL: similarity {s.similarity:.4f} <")
+    lines = run.out.rstrip().splitlines()
+    assert lines[_verdict_line(lines, report)].startswith(f"FAIL: similarity {s.similarity:.4f} <")
 
     # The reference went up in the first check: sent again by hash only, and the IRIs of the
     # reference (the front model) came from the service's cache.

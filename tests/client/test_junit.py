@@ -136,3 +136,25 @@ def test_errors_become_one_erroring_case(kind: str) -> None:
     [case] = suite.findall("testcase")
     err = case.find("error")
     assert err.get("type") == kind and err.get("message") == "cannot reach <http://x> & co"
+
+
+def test_no_verdict_at_chance_is_an_error_not_a_pass_or_a_failure() -> None:
+    report = make_report(SPEC, {("invariance_aware", "front_to_back"): 0.2}, near_chance="back")
+    assert report.verdict is None and report.verdict_reason
+    suite = parse(report_to_junit(report))
+    assert suite.get("failures") == "0" and suite.get("errors") == "1"
+    case = suite.findall("testcase")[-1]
+    error = case.find("error")
+    assert case.get("name") == "verdict" and error.get("type") == "NoVerdict"
+    assert error.get("message").startswith("no verdict: the back model (test_resnet) scores at")
+    props = {p.get("name"): p.get("value") for p in suite.find("properties")}
+    assert props["verdict_reason"] == report.verdict_reason and "verdict" not in props
+
+
+def test_figures_and_caveats_come_from_the_report() -> None:
+    report = make_report(SPEC, {}, caveats=["rests on unconverged IRIs"])
+    report.summary.by_direction["invariance_aware"]["back_to_front"] = 0.5
+    suite = parse(report_to_junit(report))
+    cases = suite.findall("testcase")
+    assert cases[1].find("failure").get("message").startswith("mean agreement 0.5000 < ")
+    assert "caveat: rests on unconverged IRIs" in cases[0].find("system-out").text

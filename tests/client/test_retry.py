@@ -5,7 +5,6 @@ from __future__ import annotations
 import email.utils
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,15 +21,9 @@ from tests.client.fake_service import FakeService
 from tests.client.files import write_safetensors
 
 
-@pytest.fixture
-def fake() -> Iterator[FakeService]:
-    with FakeService() as service:
-        yield service
-
-
 def recording(client: Client) -> list[float]:
     waits: list[float] = []
-    client._sleep = waits.append
+    client.http.sleep = waits.append
     return waits
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +26,6 @@ LAYER = [{"front": "layer1", "back": "layer1"}]
 
 
 @pytest.fixture
-def fake() -> Iterator[FakeService]:
-    with FakeService() as service:
-        yield service
-
-
-@pytest.fixture
 def files(tmp_path: Path) -> tuple[Path, Path]:
     ref, cand = tmp_path / "reference.safetensors", tmp_path / "candidate.safetensors"
     write_safetensors(ref, b"reference weights" * 100)
@@ -41,7 +34,7 @@ def files(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def fast(client: Client) -> Client:
-    client._sleep = lambda s: None
+    client.http.sleep = lambda s: None
     return client
 
 
@@ -266,6 +259,28 @@ def test_one_version_everywhere() -> None:
     from importlib.metadata import version
 
     import stitchsim
-    from stitchsim import sdk
+    from stitchsim.sdk import transport
 
-    assert sdk._VERSION == stitchsim.__version__ == version("stitchsim")
+    assert stitchsim.__version__ == version("stitchsim")
+    assert f"stitchsim-python/{stitchsim.__version__}" == transport.USER_AGENT
+
+
+def test_compare_validates_the_spec_once(
+    fake: FakeService, files: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stitchsim.models import Spec
+
+    calls: list[object] = []
+    original = Spec.model_validate
+
+    def counted(payload: object, *args: object, **kwargs: object) -> Spec:
+        calls.append(payload)
+        return original(payload, *args, **kwargs)
+
+    monkeypatch.setattr(Spec, "model_validate", counted)
+    with Client(fake.url) as client:
+        job = client.compare(*files, layers=LAYER, dataset="digits_marker")
+    assert len(calls) == 1
+    spec = fake.jobs[job.id].spec
+    assert spec["front"]["checkpoint"] == file_sha256(files[0])
+    assert spec["dataset"] == "digits_marker" and spec["layers"] == LAYER

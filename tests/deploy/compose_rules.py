@@ -159,7 +159,7 @@ def rule_healthchecks(c: Compose) -> list[str]:
 
 
 def known_settings_vars() -> set[str]:
-    from stitchsim_service.settings import Settings
+    from stitchsim_service.core.settings import Settings
 
     return {SETTINGS_PREFIX + field.upper() for field in Settings.model_fields}
 
@@ -184,7 +184,7 @@ def rule_env_vars(c: Compose) -> list[str]:
 
 def settings_of(service: dict[str, Any]) -> Any:
     """The service's Settings, built from its environment alone, as its process would."""
-    from stitchsim_service.settings import Settings
+    from stitchsim_service.core.settings import Settings
 
     env = {k: v for k, v in interpolate(env_of(service)).items()
            if k.startswith(SETTINGS_PREFIX)}

@@ -170,8 +170,8 @@ for m in pkgutil.walk_packages(stitchsim_service.__path__, 'stitchsim_service.')
     importlib.import_module(m.name)
 stitchsim_worker.cli.build_parser()
 import kombu.transport.redis, redis, psycopg, s3fs, uvicorn, matplotlib.pyplot
-from stitchsim_service.main import create_app
-from stitchsim_service.settings import Settings
+from stitchsim_service.gateway.main import create_app
+from stitchsim_service.core.settings import Settings
 create_app(Settings(redis_url='redis://127.0.0.1:6379/0', data_dir=sys.argv[1]))
 bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'timm', 'torchvision'))
 assert not bad, bad

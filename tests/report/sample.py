@@ -1,29 +1,34 @@
 """A realistic finished report built by hand, for testing the page and the table without
-running the engine: two directions, three stitch points, slm and fula, both protocols,
-identity and clustered-noise controls, IRI statistics and a threshold."""
+running a job: two directions, three stitch points, slm and fula, both protocols, identity and
+clustered-noise controls, IRI statistics, each model's preprocessing and a threshold. The
+summary is the engine's own (its summary module), as are the verdict's rules."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from stitchsim.models import (
+    DIRECTIONS,
+    PROTOCOLS,
     Direction,
     IRIStats,
     ModelSummary,
     Objective,
+    PreprocessCandidate,
+    PreprocessInfo,
     Protocol,
     Report,
     ResultRow,
     Spec,
-    Summary,
-    SummaryRow,
-    Verdict,
 )
+from stitchsim_worker.engine.summary import summarise, verdict_caveats, withheld
+from stitchsim_worker.engine.summary import verdict as engine_verdict
+
+__all__ = ["make_sample_report", "summarise"]
 
 LAYERS = ("layer1", "layer2", "layer3")
 OBJECTIVES: tuple[Objective, ...] = ("slm", "fula")
-PROTOCOLS: tuple[Protocol, ...] = ("standard", "invariance_aware")
-DIRECTIONS: tuple[Direction, ...] = ("front_to_back", "back_to_front")
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 
 # Standard agreement stays high with depth; invariance-aware falls off: the typical picture
 # of two networks that look alike under the standard protocol but are not. Values at the
@@ -88,12 +93,45 @@ def _controls(direction: Direction, pairs: list[tuple[str, str]]) -> list[Result
     return rows
 
 
+def _models(front_arch: str, back_arch: str, front_layers: tuple[str, ...],
+            back_layers: tuple[str, ...], spec: Spec, near_chance: bool
+            ) -> tuple[ModelSummary, ModelSummary]:
+    """The front model's preprocessing was measured, the back model's came from metadata; with
+    near_chance the back model predicts at chance."""
+    mean, std = IMAGENET
+    front = ModelSummary(
+        checkpoint=spec.front.checkpoint, arch=front_arch,  # type: ignore[arg-type]
+        arch_kwargs={"num_classes": 10}, accuracy=0.962, accuracy_ci=(0.948, 0.975),
+        input_size=32, layers=list(front_layers), chance_accuracy=0.1,
+        preprocess=PreprocessInfo(
+            name="timm", input_size=32, mean=mean, std=std, source="measured",
+            note="the best-predicting candidate on labelled test samples", samples=256,
+            candidates=[PreprocessCandidate(name="timm", mean=mean, std=std, accuracy=0.961),
+                        PreprocessCandidate(name="none", mean=(0, 0, 0), std=(1, 1, 1),
+                                            accuracy=0.734),
+                        PreprocessCandidate(name="inception", mean=(0.5,) * 3, std=(0.5,) * 3,
+                                            accuracy=0.902)]))
+    accuracy = 0.098 if near_chance else 0.955
+    back = ModelSummary(
+        checkpoint=spec.back.checkpoint, arch=back_arch,  # type: ignore[arg-type]
+        arch_kwargs={"num_classes": 10}, accuracy=accuracy,
+        accuracy_ci=(accuracy - 0.015, accuracy + 0.014), input_size=32,
+        layers=list(back_layers), chance_accuracy=0.1, near_chance=near_chance,
+        preprocess=PreprocessInfo(name="inception", input_size=32, mean=(0.5,) * 3,
+                                  std=(0.5,) * 3, source="metadata",
+                                  note="mean and std from the checkpoint's __metadata__"))
+    return front, back
+
+
 def make_sample_report(threshold: float | None = 0.75, shift: float = 0.0,
                        front_layers: tuple[str, ...] = LAYERS,
                        back_layers: tuple[str, ...] = LAYERS,
                        front_arch: str = "resnet18", back_arch: str = "resnet26",
-                       warnings: list[str] | None = None) -> Report:
-    """`shift` lowers every agreement, to move the verdict across the threshold."""
+                       warnings: list[str] | None = None, caveats: list[str] | None = None,
+                       near_chance: bool = False) -> Report:
+    """`shift` lowers every agreement, to move the verdict across the threshold; `caveats`
+    replace the verdict's (by default the engine's: the IRIs at the deepest point did not
+    converge); `near_chance` puts the back model at chance, which withholds the verdict."""
     spec = Spec.model_validate({
         "front": {"checkpoint": "sha256:" + "a" * 64, "arch": front_arch,
                   "arch_kwargs": {"num_classes": 10}},
@@ -118,41 +156,19 @@ def make_sample_report(threshold: float | None = 0.75, shift: float = 0.0,
                     results.append(_row(direction, k, len(pairs), objective, protocol, fl, bl,
                                         shift + extra))
         controls += _controls(direction, pairs)
-    summary = summarise(results, threshold)
+    summary = summarise(spec, results)
+    front, back = _models(front_arch, back_arch, front_layers, back_layers, spec, near_chance)
+    reason = withheld(spec, front, back)
+    if near_chance:
+        warnings = [*(warnings or []), "THE BACK MODEL IS AT CHANCE: resnet26 scores 0.098"]
     return Report(
-        job_id="job_0123456789abcdef", spec=spec,
-        front=ModelSummary(checkpoint=spec.front.checkpoint, arch=front_arch,  # type: ignore[arg-type]
-                           arch_kwargs={"num_classes": 10}, accuracy=0.962,
-                           accuracy_ci=(0.948, 0.975), input_size=32, layers=list(front_layers)),
-        back=ModelSummary(checkpoint=spec.back.checkpoint, arch=back_arch,  # type: ignore[arg-type]
-                          arch_kwargs={"num_classes": 10}, accuracy=0.955,
-                          accuracy_ci=(0.94, 0.969), input_size=32, layers=list(back_layers)),
+        job_id="job_0123456789abcdef", spec=spec, front=front, back=back,
         dataset={"name": "digits", "n_train": 1437, "n_test": 360, "n_classes": 10,
                  "image_shape": [3, 32, 32]},
-        results=results, controls=controls, summary=summary, verdict=_verdict(summary),
+        results=results, controls=controls, summary=summary,
+        verdict=None if reason else engine_verdict(summary), verdict_reason=reason,
+        verdict_caveats=verdict_caveats(summary, results) if caveats is None else caveats,
         warnings=warnings or [],
         environment={"stitchsim": "0.1.0", "torch": "2.14.1", "timm": "1.0.31",
                      "device": "cpu", "seed": 0, "durations_s": {"train": 52.1, "iri": 31.9}},
     )
-
-
-def summarise(results: list[ResultRow], threshold: float | None) -> Summary:
-    """What the engine does: means over stitch points, minimum over directions."""
-    groups: dict[tuple[Protocol, Direction, Objective], list[float]] = {}
-    for r in results:
-        groups.setdefault((r.protocol, r.direction, r.objective), []).append(r.agreement)
-    rows = [SummaryRow(protocol=p, direction=d, objective=o, mean_agreement=sum(v) / len(v))
-            for (p, d, o), v in groups.items()]
-    by_protocol: dict[str, float] = {}
-    for row in rows:
-        by_protocol[row.protocol] = min(by_protocol.get(row.protocol, 1.0), row.mean_agreement)
-    protocol: Protocol = "invariance_aware" if "invariance_aware" in by_protocol else "standard"
-    similarity = by_protocol[protocol]
-    return Summary(rows=rows, by_protocol=by_protocol, similarity=similarity,
-                   similarity_protocol=protocol, threshold=threshold)
-
-
-def _verdict(summary: Summary) -> Verdict | None:
-    if summary.threshold is None:
-        return None
-    return "similar" if summary.similarity >= summary.threshold else "dissimilar"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from stitchsim.models import JobStatus, Progress
-from stitchsim_service.report_page import render_progress_page, render_report_page
+from stitchsim_service.gateway.pages import render_progress_page, render_report_page
 
 from tests.report.chromium import Chromium, Page
 from tests.report.pagecheck import check_loaded_page, save_screenshot

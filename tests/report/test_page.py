@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 from stitchsim.models import ErrorInfo, JobStatus, Progress, Report, Spec
-from stitchsim_service.report_page import (
+from stitchsim_service.gateway.pages import (
     REFRESH_SECONDS,
-    control_band,
     render_job_page,
     render_progress_page,
     render_report_page,
 )
+from stitchsim_service.gateway.pages.plots import control_band
 
 from tests.report.pagecheck import expected_series
 from tests.report.sample import make_sample_report, summarise
@@ -116,9 +116,9 @@ def test_standard_protocol_only_without_controls() -> None:
     rows = [r for r in full.results
             if r.protocol == "standard" and r.direction == "front_to_back"]
     spec = full.spec.model_copy(update={"protocols": ["standard"], "directions": "front_to_back",
-                                        "controls": []})
+                                        "controls": [], "threshold": 0.9})
     report = full.model_copy(update={"spec": spec, "results": rows, "controls": [],
-                                     "summary": summarise(rows, 0.9)})
+                                     "summary": summarise(spec, rows)})
     html = render_report_page(report)
     assert len(_ids(html, "series-")) == 2
     assert "plot-iri" not in html and "ref-identity" not in html
@@ -161,8 +161,10 @@ def test_progress_page_stops_refreshing_when_done() -> None:
     assert 'http-equiv="refresh"' not in done and 'href="report.html"' in done
 
 
-def test_rendering_needs_no_torch() -> None:
+def test_rendering_needs_no_torch(tmp_path: Path) -> None:
     # The gateway image has no torch: importing and rendering must not pull it (or the worker).
+    report = tmp_path / "report.json"
+    report.write_text(make_sample_report().model_dump_json())
     code = (
         "import sys, types, importlib.util\n"
         f"sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'client')!r}]\n"
@@ -170,9 +172,9 @@ def test_rendering_needs_no_torch() -> None:
         "    m = types.ModuleType('stitchsim_service')\n"
         f"    m.__path__ = [{str(ROOT / 'service')!r}]\n"
         "    sys.modules['stitchsim_service'] = m\n"
-        "from stitchsim_service.report_page import render_report_page\n"
-        "from tests.report.sample import make_sample_report\n"
-        "render_report_page(make_sample_report())\n"
+        "from stitchsim.models import Report\n"
+        "from stitchsim_service.gateway.pages import render_report_page\n"
+        f"render_report_page(Report.model_validate_json(open({str(report)!r}).read()))\n"
         "bad = {'torch', 'timm', 'stitchsim_worker', 'celery'} & set(sys.modules)\n"
         "assert not bad, bad\n"
     )
@@ -192,7 +194,9 @@ def test_every_plot_has_the_same_width() -> None:
     # single stitch point (a narrow figure used to be blown up and clipped).
     full = make_sample_report(front_layers=("layer2",), back_layers=("layer2",))
     rows = [r for r in full.results if r.objective == "slm"]
-    one = full.model_copy(update={"results": rows, "summary": summarise(rows, 0.5)})
+    spec = full.spec.model_copy(update={"objectives": ["slm"], "threshold": 0.5})
+    one = full.model_copy(update={"spec": spec, "results": rows,
+                                  "summary": summarise(spec, rows)})
     widths = set(re.findall(r'<svg [^>]*width="([^"]+)"', render_report_page(one)))
     widths |= set(re.findall(r'<svg [^>]*width="([^"]+)"', render_report_page(full)))
     assert len(widths) == 1, widths
@@ -203,3 +207,59 @@ def test_job_page_is_the_report_once_there_is_one() -> None:
     assert render_job_page(_job("succeeded"), report) == render_report_page(report)
     running = _job("running")
     assert render_job_page(running, None) == render_progress_page(running)
+
+
+def test_a_model_at_chance_gets_a_loud_warning_and_no_verdict() -> None:
+    report = make_sample_report(near_chance=True)
+    html = render_report_page(report)
+    alert = html[html.index('id="near-chance"'):]
+    alert = alert[: alert.index("</section>")]
+    assert 'role="alert"' in alert and "The back model (resnet26) predicts at chance" in alert
+    assert "accuracy 0.098 (chance: 0.100)" in alert
+    assert 'data-verdict="none"' in html
+    assert "No verdict: the back model (resnet26) scores at chance on this dataset" in html
+    assert "0.098 (at chance)" in html[html.index('id="models-table"'):]
+    # A healthy report has no such box.
+    assert 'id="near-chance"' not in render_report_page(make_sample_report())
+
+
+def test_how_each_model_input_was_prepared() -> None:
+    html = render_report_page(make_sample_report())
+    table = html[html.index('id="preprocess-table"'):]
+    table = table[: table.index("</table>")]
+    assert "How each model's input was prepared" in html
+    assert "<td>front</td><td>timm</td>" in table and "measured on labelled samples" in table
+    assert "<td>back</td><td>inception</td>" in table and "from the checkpoint&#x27;s" in table
+    candidates = html[html.index('id="preprocess-front-candidates"'):]
+    candidates = candidates[: candidates.index("</table>")]
+    assert candidates.count("<tr>") == 4  # header and the three candidates
+    assert "timm (chosen)" in candidates and "0.734" in candidates
+    assert "on 256 labelled samples" in html
+    assert 'id="preprocess-back-candidates"' not in html  # taken from metadata: none tried
+
+
+def test_caveats_stand_under_the_verdict() -> None:
+    caveat = "the invariance-aware figure rests on unconverged IRIs at layer3"
+    html = render_report_page(make_sample_report(caveats=[caveat]))
+    verdict = html[html.index('id="verdict"'):]
+    verdict = verdict[: verdict.index("</section>")]
+    assert 'id="verdict-caveats"' in verdict and caveat in verdict
+    # The engine's own, from the sample's unconverged deepest IRIs.
+    engine = render_report_page(make_sample_report())
+    assert "rests on IRIs that did not converge at back_to_front layer3-&gt;layer3" in engine
+    assert 'id="verdict-caveats"' not in render_report_page(make_sample_report(caveats=[]))
+
+
+def test_drops_and_similarity_are_read_from_the_report() -> None:
+    # The page shows the engine's figures; it computes none of its own.
+    report = make_sample_report()
+    report.summary.drops = [d.model_copy(update={"drop": 0.5}) for d in report.summary.drops]
+    report.summary.similarity = 0.4321
+    html = render_report_page(report)
+    summary = html[html.index('id="summary-table"'):]
+    summary = summary[: summary.index("</table>")]
+    assert summary.count("<td class=\"num\">0.500</td>") == 4  # directions x objectives
+    assert "mean drop +0.500" in html
+    assert "0.432" in html[html.index('id="verdict-text"'):]
+    results = html[html.index('id="results-table"'):]
+    assert results.count(">0.500</td>") == 12  # once per stitch point and objective

@@ -61,7 +61,7 @@ def test_controls_then_summary_then_verdict_last() -> None:
     assert lines.index("controls") < lines.index("mean agreement over stitch points")
     assert lines.index("mean agreement over stitch points") < lines.index("warnings")
     assert lines[-1] == (
-        "VERDICT: DISSIMILAR  similarity 0.740 (invariance_aware, weaker direction) "
+        "VERDICT: DISSIMILAR  similarity 0.745 (invariance_aware, weaker direction) "
         "< threshold 0.750"
     )
     assert report.verdict == "dissimilar"
@@ -77,7 +77,7 @@ def test_similar_and_no_threshold_verdicts() -> None:
     assert ">= threshold 0.700" in format_table(similar).splitlines()[-1]
     none = make_sample_report(threshold=None)
     assert format_table(none).splitlines()[-1] == (
-        "VERDICT: none (no threshold set); similarity 0.740 (invariance_aware, weaker direction)"
+        "VERDICT: none (no threshold set); similarity 0.745 (invariance_aware, weaker direction)"
     )
 
 
@@ -110,3 +110,34 @@ def test_table_module_uses_only_the_standard_library_and_the_contract() -> None:
     }
     allowed = set(sys.stdlib_module_names) | {"stitchsim"}
     assert modules <= allowed, modules - allowed
+
+
+def test_each_model_says_how_its_input_was_prepared() -> None:
+    lines = format_table(make_sample_report()).splitlines()
+    front = lines.index(next(line for line in lines if line.startswith("front: resnet18")))
+    assert lines[front + 1] == (
+        "  input: timm at 32px, mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225), measured "
+        "on labelled samples (accuracy on 256 samples: timm 0.961, none 0.734, inception "
+        "0.902); the best-predicting candidate on labelled test samples"
+    )
+    back = lines.index(next(line for line in lines if line.startswith("back: resnet26")))
+    assert lines[back + 1].startswith("  input: inception at 32px, mean (0.5, 0.5, 0.5)")
+
+
+def test_no_verdict_at_chance_says_why_and_caveats_are_listed() -> None:
+    caveat = "the invariance-aware figure rests on unconverged IRIs"
+    lines = format_table(make_sample_report(near_chance=True, caveats=[caveat])).splitlines()
+    assert next(line for line in lines if line.startswith("back: ")).endswith("AT CHANCE")
+    assert lines[lines.index("warnings") + 1].startswith("  - THE BACK MODEL IS AT CHANCE")
+    why = lines.index("no verdict, because")
+    assert lines[why + 1].startswith("  - the back model (resnet26) scores at chance on this")
+    assert lines[lines.index("verdict caveats") + 1] == f"  - {caveat}"
+    assert lines[-1].startswith("VERDICT: none (see why above); similarity")
+
+
+def test_the_drop_is_the_reports() -> None:
+    report = make_sample_report()
+    report.summary.drops = [d.model_copy(update={"drop": 0.5}) for d in report.summary.drops]
+    lines = format_table(report).splitlines()
+    start = lines.index("mean agreement over stitch points") + 3
+    assert all(line.endswith("0.500") for line in lines[start:start + 4])

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-_NP_DTYPES = {"F32": np.float32, "U8": np.uint8, "I64": np.int64, "F16": np.float16}
+_NP_DTYPES = {"F32": np.float32, "U8": np.uint8, "I8": np.int8, "I16": np.int16,
+              "I32": np.int32, "I64": np.int64, "F16": np.float16}
 
 # Small enough that one job takes a few seconds on two CPU cores.
 TINY_SPEC: dict[str, Any] = {

@@ -30,8 +30,8 @@ import numpy as np
 import pytest
 import redis
 from stitchsim.models import Spec
-from stitchsim_service.store import object_key
-from stitchsim_service.tmpfiles import new_upload_path
+from stitchsim_service.core.store import object_key
+from stitchsim_service.core.tmpfiles import new_upload_path
 
 from tests.fixtures_service import FAST_ENV, ServiceHandle, free_port
 from tests.service.conftest import (

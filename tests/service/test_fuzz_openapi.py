@@ -22,8 +22,8 @@ import httpx
 import pytest
 import schemathesis
 from schemathesis.config import SchemathesisConfig
-from stitchsim_service.main import create_app
-from stitchsim_service.settings import Settings
+from stitchsim_service.core.settings import Settings
+from stitchsim_service.gateway.main import create_app
 
 from tests.service.helpers import PUBLIC_PATHS, assert_error_body
 

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
-from stitchsim_service.settings import Settings, is_loopback
-from stitchsim_service.store import FsspecStore, LocalStore, object_key, parse_object_id
+from stitchsim_service.core.settings import Settings, is_loopback
+from stitchsim_service.core.store import FsspecStore, LocalStore, object_key, parse_object_id
 
 
 def test_gateway_imports_no_torch_and_no_worker_code() -> None:
     code = (
-        "import sys; from stitchsim_service.main import create_app; app = create_app(); "
+        "import sys; from stitchsim_service.gateway.main import create_app; app = create_app(); "
         "app.openapi(); bad = [m for m in sys.modules if m.split('.')[0] in "
         "('torch', 'timm', 'stitchsim_worker', 'torchvision')]; print(bad); "
         "sys.exit(1 if bad else 0)"
@@ -26,7 +26,7 @@ def test_gateway_imports_no_torch_and_no_worker_code() -> None:
 
 
 def test_openapi_documents_every_endpoint(tmp_path: Path) -> None:
-    from stitchsim_service.main import create_app
+    from stitchsim_service.gateway.main import create_app
 
     doc = create_app(Settings(data_dir=tmp_path)).openapi()
     paths = doc["paths"]
@@ -101,18 +101,42 @@ def test_store_backends(kind: str, tmp_path: Path) -> None:
     assert not store.has(key)
 
 
-def test_worker_parent_does_not_import_torch() -> None:
+def test_worker_parent_imports_neither_torch_nor_the_gateway() -> None:
     # The Celery parent forks pool children: it must not have touched torch (let alone CUDA);
-    # the engine is imported in each child after the fork.
+    # the engine is imported in each child after the fork. And no worker process loads the
+    # gateway's FastAPI: workers import the service's core only.
     code = (
         "import sys; import stitchsim_worker.tasks, stitchsim_worker.cli; "
         "from stitchsim_worker.celery_app import app; "
         "assert {'stitchsim.run_job', 'stitchsim.check_spec'} <= set(app.tasks); "
         "c = app.conf; assert c.task_acks_late and c.task_reject_on_worker_lost; "
         "assert c.worker_prefetch_multiplier == 1; "
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'timm')]; "
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'timm', 'fastapi', "
+        "'starlette') or m.startswith('stitchsim_service.gateway')]; "
         "print(bad); sys.exit(1 if bad else 0)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_status_polls_send_the_stored_spec_without_parsing_it() -> None:
+    # The stored spec is the one validated at submission: a poll emits it as stored. A text
+    # that no Spec would accept shows that nothing parses or validates it on the way out.
+    import json
+    from datetime import datetime, timezone
+
+    from stitchsim.models import JobStatus
+    from stitchsim_service.core import jobs
+    from stitchsim_service.core.db import JobRow
+
+    stored = '{"front":{"checkpoint":"not an id"},"unknown_field":[1,2]}'
+    row = JobRow(id="a" * 32, owner="o", state="running", spec_json=stored,
+                 created_at=datetime(2026, 1, 1, tzinfo=timezone.utc), attempts=1, stage="iri",
+                 done=3, total=9, eta_s=12.0)
+    body = json.loads(jobs.status_json(row))
+    assert body["spec"] == json.loads(stored)
+    assert body["progress"] == {"stage": "iri", "done": 3, "total": 9, "eta_s": 12.0}
+    assert JobStatus.model_validate({**body, "spec": None}).state == "running"
+    listed = json.loads(jobs.list_json([row], None))
+    assert listed["items"][0]["spec"] is None and listed["items"][0]["id"] == "a" * 32

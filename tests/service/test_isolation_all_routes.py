@@ -24,9 +24,9 @@ import pytest
 from fastapi import APIRouter
 from sqlalchemy import create_engine, inspect, text
 from starlette.routing import Route as StarletteRoute
-from stitchsim_service import routers
-from stitchsim_service.main import create_app
-from stitchsim_service.settings import Settings
+from stitchsim_service.core.settings import Settings
+from stitchsim_service.gateway import routers
+from stitchsim_service.gateway.main import create_app
 
 from tests.service.conftest import tiny_spec
 from tests.service.helpers import (

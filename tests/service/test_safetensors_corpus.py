@@ -21,7 +21,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from stitchsim.safetensors_format import SafetensorsError, UnsupportedFormat, read_header
+from stitchsim.files.errors import SafetensorsError, UnsupportedFormat
+from stitchsim.files.header import read_header
 
 from tests.service.helpers import (
     TINY_SPEC,

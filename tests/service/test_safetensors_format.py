@@ -12,15 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import save as st_save
-from stitchsim.safetensors_format import (
-    InvalidDataset,
-    SafetensorsError,
-    UnsupportedFormat,
-    check_dataset,
-    parse_header,
-    read_header,
-    read_labels,
-)
+from stitchsim.files.dataset import check_dataset, read_labels
+from stitchsim.files.errors import InvalidDataset, SafetensorsError, UnsupportedFormat
+from stitchsim.files.header import parse_header, read_header
 
 from tests.service.helpers import dataset_bytes, raw_safetensors, safetensors_bytes
 
@@ -136,3 +130,22 @@ def test_header_length_field_is_little_endian_u64() -> None:
     data = safetensors_bytes({"a": np.zeros(2, np.float32)})
     (n,) = struct.unpack("<Q", data[:8])
     assert _check(data).header_size == n
+
+
+def test_one_dataset_rule_set() -> None:
+    # The rules the client, the gateway and the engine share (stitchsim.files.dataset).
+    for dtype in (np.uint8, np.int16, np.int32, np.int64):
+        labels = {f"{s}_labels": np.arange(n, dtype=dtype) % 10 for s, n in
+                  (("train", 40), ("test", 20))}
+        assert check_dataset(io.BytesIO(dataset_bytes(**labels))).n_classes == 10
+    refused = {
+        "an extra tensor": (dataset_bytes(names=np.zeros(10, np.uint8)), "also holds names"),
+        "int8 labels": (dataset_bytes(train_labels=np.zeros(40, np.int8)), "integer tensor"),
+        "too few samples": (dataset_bytes(n_train=40, n_test=9), "at least 10"),
+        "missing labels": (safetensors_bytes({"train_images": np.zeros((20, 3, 8, 8), np.uint8)}),
+                           "lacks train_labels"),
+    }
+    for what, (data, message) in refused.items():
+        with pytest.raises(InvalidDataset, match=message):
+            check_dataset(io.BytesIO(data))
+        assert what

@@ -13,6 +13,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
+from stitchsim.datasets import BUILTIN
+from stitchsim.files.dataset import DATASET_TENSORS, check_dataset
+from stitchsim.files.errors import SafetensorsError
 from stitchsim.models import BUILTIN_DATASETS, LocalPath, TrainSettings
 from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.resources import Resources
@@ -32,15 +35,7 @@ CLASS_COLOURS = torch.tensor(
     ]
 )  # fmt: skip
 
-DESCRIPTIONS = {
-    "digits": "scikit-learn's 8x8 digits, upscaled to 32x32 RGB (grey)",
-    "digits_correlated": "digits drawn in their class colour: shape and colour both predict",
-    "digits_digit_only": "digits in a random colour: only the shape predicts",
-    "digits_colour_only": "a random digit in the label's colour: only the colour predicts",
-    "digits_colour_patches": "no digit, a patch in the label's colour on noise",
-    "digits_marker": "grey digits with a class-coloured 4x4 marker in the corner (pixel shortcut)",
-    "clustered_noise": "one uniform-noise centre per class plus Gaussian noise (sigma 0.1)",
-}
+DESCRIPTIONS = {name: d.description for name, d in BUILTIN.items()}
 
 
 @dataclass
@@ -175,67 +170,47 @@ def builtin(name: str) -> Dataset:
 
 # ---------------------------------------------------------------- uploaded files
 
-_KEYS = ("train_images", "train_labels", "test_images", "test_labels")
-
-
 def _as_pixels(x: torch.Tensor, key: str) -> torch.Tensor:
-    if x.ndim != 4 or x.shape[1] not in (1, 3):
-        raise SpecError(f"{key} must be N x C x H x W with C = 1 or 3, got {tuple(x.shape)}")
+    """[0, 1] RGB float pixels. Shapes and dtypes are the validator's (stitchsim.files.dataset);
+    here only what needs the values: floats must lie in [0, 1]."""
     if x.dtype == torch.uint8:
         x = x.float() / 255.0
-    elif x.is_floating_point():
+    else:
         x = x.float()
         if not torch.isfinite(x).all():
-            raise SpecError(f"{key} holds NaN or infinite values")
+            raise SpecError(f"{key} holds NaN or infinite values", code="invalid_dataset")
         if x.min() < 0 or x.max() > 1:
-            raise SpecError(f"float {key} must lie in [0, 1]; scale them or store uint8")
-    else:
-        raise SpecError(f"{key} must be uint8 or float, got {x.dtype}")
+            raise SpecError(f"float {key} must lie in [0, 1]; scale them or store uint8",
+                            code="invalid_dataset")
     return x.expand(-1, 3, -1, -1).contiguous() if x.shape[1] == 1 else x.contiguous()
 
 
-def _as_labels(y: torch.Tensor, key: str, n: int) -> torch.Tensor:
-    if y.ndim != 1 or y.dtype not in (torch.int64, torch.int32, torch.uint8, torch.int16):
-        raise SpecError(
-            f"{key} must be a 1-D integer tensor (int64), got {y.dtype} {tuple(y.shape)}"
-        )
-    if len(y) != n:
-        raise SpecError(f"{key} has {len(y)} labels for {n} images")
-    if len(y) and int(y.min()) < 0:
-        raise SpecError(f"{key} holds negative labels")
+def _as_labels(y: torch.Tensor) -> torch.Tensor:
     return y.long()
 
 
 def load_file(path: Path, dataset_id: str) -> Dataset:
+    """An uploaded (or, in `stitchsim-server run`, local) dataset file, checked by the one
+    dataset validator of the contract before any tensor is read."""
     try:
+        info = check_dataset(path)
         with safe_open(str(path), framework="pt") as f:
-            keys = set(f.keys())
-            missing = [k for k in _KEYS if k not in keys]
-            if missing:
-                raise SpecError(
-                    f"dataset file lacks {', '.join(missing)}; it needs exactly {', '.join(_KEYS)}",
-                    code="invalid_dataset",
-                )
-            raw = {k: f.get_tensor(k) for k in _KEYS}
+            raw = {k: f.get_tensor(k) for k in DATASET_TENSORS}
+    except SafetensorsError as e:
+        raise SpecError(f"dataset file: {e.message}", code="invalid_dataset",
+                        details=e.details) from None
     except (SafetensorError, OSError) as e:
         raise SpecError(
             f"dataset is not a readable safetensors file: {e}", code="invalid_dataset"
         ) from e
-    train_x = _as_pixels(raw["train_images"], "train_images")
-    test_x = _as_pixels(raw["test_images"], "test_images")
-    if train_x.shape[1:] != test_x.shape[1:]:
-        raise SpecError("train_images and test_images must have the same C x H x W")
-    train_y = _as_labels(raw["train_labels"], "train_labels", len(train_x))
-    test_y = _as_labels(raw["test_labels"], "test_labels", len(test_x))
-    if len(train_y) < 10 or len(test_y) < 10:
-        raise SpecError("a dataset needs at least 10 train and 10 test samples")
-    n_classes = int(max(train_y.max(), test_y.max())) + 1
     return Dataset(
         name=dataset_id or path.name,
         digest=dataset_id or f"sha256:{file_sha256(path)}",
-        train=ImageSet(train_x, train_y),
-        test=ImageSet(test_x, test_y),
-        n_classes=n_classes,
+        train=ImageSet(_as_pixels(raw["train_images"], "train_images"),
+                       _as_labels(raw["train_labels"])),
+        test=ImageSet(_as_pixels(raw["test_images"], "test_images"),
+                      _as_labels(raw["test_labels"])),
+        n_classes=info.n_classes,
     )
 
 

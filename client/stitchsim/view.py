@@ -1,0 +1,314 @@
+"""The report as it is shown: the one view that the terminal table (`table.py`), the JUnit file
+(`junit.py`) and the HTML page (the gateway's `pages`) all render.
+
+It holds the vocabulary (what protocols, directions, objectives, controls and preprocessing
+sources are called), the orderings, how figures are written, and it reads the figures the
+engine computed (similarity, weaker direction, drops, verdict and why there is none) from the
+report: nothing here computes a summary. Standard library and contract only.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from stitchsim.models import (
+    DIRECTIONS,
+    OBJECTIVES,
+    PROTOCOLS,
+    Direction,
+    DropRow,
+    ModelSummary,
+    Objective,
+    PreprocessInfo,
+    Protocol,
+    Report,
+    ResultRow,
+)
+
+PROTOCOL_LABEL: dict[str, str] = {"standard": "standard", "invariance_aware": "invariance-aware"}
+DIRECTION_LABEL: dict[str, str] = {"front_to_back": "front → back", "back_to_front": "back → front"}
+DIRECTION_ASCII: dict[str, str] = {"front_to_back": "front->back", "back_to_front": "back->front"}
+OBJECTIVE_LABEL: dict[str, str] = {
+    "hlm": "hard-label matching (hlm)",
+    "slm": "soft-label matching (slm)",
+    "dm": "direct matching (dm)",
+    "fula": "functional latent alignment (fula)",
+}
+CONTROL_LABEL: dict[str, str] = {
+    "identity": "identity",
+    "clustered_noise": "clustered noise",
+    "shortcut": "pixel shortcut",
+}
+PREPROCESS_SOURCE_LABEL: dict[str, str] = {
+    "spec": "set in the spec",
+    "metadata": "from the checkpoint's metadata",
+    "measured": "measured on labelled samples",
+    "default": "the default",
+}
+ROLES = ("front", "back")
+
+
+# ------------------------------------------------------------------ figures in words
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:.{digits}f}"
+
+
+def fmt_signed(value: float | None, digits: int = 3) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:+.{digits}f}"
+
+
+def fmt_ci(ci: Sequence[float] | None, digits: int = 3) -> str:
+    if not ci:
+        return ""
+    return f"[{fmt(ci[0], digits)}, {fmt(ci[1], digits)}]"
+
+
+def fmt_triple(values: Sequence[float]) -> str:
+    return "(" + ", ".join(f"{v:.3g}" for v in values) + ")"
+
+
+# ------------------------------------------------------------------ what the report holds, in order
+
+
+def stitch_order(front_layer: str, back_layer: str, direction: Direction) -> tuple[str, str]:
+    """(layer the stitch reads from, layer it feeds into). Rows name layers by model (the
+    spec's front and back), so back → front stitches the back model's layer into the front
+    model's."""
+    if direction == "front_to_back":
+        return front_layer, back_layer
+    return back_layer, front_layer
+
+
+def stitch_label(row: ResultRow, arrow: str = "→") -> str:
+    """The stitch in reading order: "layer it reads from → layer it feeds into"."""
+    source, target = stitch_order(row.front_layer, row.back_layer, row.direction)
+    return f"{source} {arrow} {target}"
+
+
+def directions(report: Report) -> list[Direction]:
+    present = {r.direction for r in report.results}
+    return [d for d in DIRECTIONS if d in present]
+
+
+def protocols(rows: Iterable[ResultRow]) -> list[Protocol]:
+    seen = {r.protocol for r in rows}
+    return [p for p in PROTOCOLS if p in seen]
+
+
+def objectives(rows: Iterable[ResultRow], direction: Direction) -> list[Objective]:
+    seen = {r.objective for r in rows if r.direction == direction}
+    return [o for o in OBJECTIVES if o in seen]
+
+
+def stitch_points(rows: Iterable[ResultRow], direction: Direction) -> list[tuple[str, str]]:
+    """The spec's layer pairs (front model's layer, back model's layer) of one direction, in
+    the order the engine reports them: the depth order."""
+    pairs = ((r.front_layer, r.back_layer) for r in rows if r.direction == direction)
+    return list(dict.fromkeys(pairs))
+
+
+def count_points(report: Report) -> int:
+    return max((len(stitch_points(report.results, d)) for d in directions(report)), default=0)
+
+
+def ordered(rows: Sequence[ResultRow]) -> list[ResultRow]:
+    """Direction, then depth (report order of the stitch pairs), then objective, protocol, so
+    the standard and invariance-aware lines of one stitch point sit together."""
+    depth: dict[tuple[str, str, str], int] = {}
+    for r in rows:
+        depth.setdefault((r.direction, r.front_layer, r.back_layer), len(depth))
+    return sorted(rows, key=lambda r: (
+        DIRECTIONS.index(r.direction), depth[(r.direction, r.front_layer, r.back_layer)],
+        OBJECTIVES.index(r.objective), PROTOCOLS.index(r.protocol),
+    ))
+
+
+def iri_rows(report: Report, direction: Direction) -> list[ResultRow]:
+    """One row per source layer: IRIs depend only on the model in front position and the
+    layer the stitch reads from."""
+    seen: dict[str, ResultRow] = {}
+    for r in report.results:
+        if r.direction == direction and r.iri is not None:
+            seen.setdefault(stitch_order(r.front_layer, r.back_layer, direction)[0], r)
+    return list(seen.values())
+
+
+def model_names(report: Report) -> tuple[str, str]:
+    front, back = report.front.arch, report.back.arch
+    if front == back:
+        return f"{front} (front)", f"{back} (back)"
+    return front, back
+
+
+def end_model(report: Report, direction: Direction) -> str:
+    """The model a stitched network of this direction ends in."""
+    return model_names(report)[1 if direction == "front_to_back" else 0]
+
+
+def direction_title(report: Report, direction: Direction) -> str:
+    front, back = model_names(report)
+    first, second = (front, back) if direction == "front_to_back" else (back, front)
+    return f"{DIRECTION_LABEL[direction]}: {first} up to the stitch, then {second}"
+
+
+def dataset_name(report: Report) -> str:
+    ds = report.spec.dataset
+    spec_name = ds if isinstance(ds, str) else ds.path
+    return str(report.dataset.get("name") or report.dataset.get("id") or spec_name)
+
+
+def models(report: Report) -> list[tuple[str, ModelSummary]]:
+    return [("front", report.front), ("back", report.back)]
+
+
+# ------------------------------------------------------------------ the engine's summary
+
+
+@dataclass(frozen=True)
+class SummaryLine:
+    """Mean agreement over stitch points of one direction and objective, per protocol, and
+    the drop between them (the engine's DropRow)."""
+
+    direction: Direction
+    objective: Objective
+    standard: float | None
+    invariance_aware: float | None
+    drop: float | None
+
+
+def _mean_drops(report: Report) -> dict[tuple[str, str], DropRow]:
+    return {(d.direction, d.objective): d for d in report.summary.drops if d.front_layer is None}
+
+
+def summary_lines(report: Report) -> list[SummaryLine]:
+    by_key: dict[tuple[Direction, Objective], dict[str, float]] = {}
+    for row in report.summary.rows:
+        by_key.setdefault((row.direction, row.objective), {})[row.protocol] = row.mean_agreement
+    drops = _mean_drops(report)
+    out = []
+    for (direction, objective), means in by_key.items():
+        drop = drops.get((direction, objective))
+        out.append(SummaryLine(direction, objective, means.get("standard"),
+                               means.get("invariance_aware"), drop.drop if drop else None))
+    return out
+
+
+def mean_drop(report: Report, direction: Direction, objective: Objective) -> float | None:
+    drop = _mean_drops(report).get((direction, objective))
+    return drop.drop if drop else None
+
+
+def point_drops(report: Report) -> dict[tuple[str, str, str, str], float]:
+    """(direction, objective, front layer, back layer) -> drop at that stitch point."""
+    return {(d.direction, d.objective, d.front_layer, d.back_layer or ""): d.drop
+            for d in report.summary.drops if d.front_layer is not None}
+
+
+@dataclass(frozen=True)
+class ComparedFigure:
+    """One of the per-direction figures whose minimum is the similarity."""
+
+    protocol: Protocol
+    direction: Direction
+    mean_agreement: float
+    rows: list[ResultRow]
+
+
+def compared_figures(report: Report) -> list[ComparedFigure]:
+    s = report.summary
+    means = s.by_direction.get(s.similarity_protocol, {})
+    return [
+        ComparedFigure(s.similarity_protocol, d, value,  # type: ignore[arg-type]
+                       [r for r in report.results
+                        if r.protocol == s.similarity_protocol and r.direction == d])
+        for d, value in means.items()
+    ]
+
+
+def overall_line(report: Report, labels: dict[str, str] | None = None) -> str:
+    """Per protocol, the weaker direction's mean agreement: "standard 0.951, ..."."""
+    labels = labels or {}
+    return ", ".join(f"{labels.get(p, p)} {fmt(v)}" for p, v in report.summary.by_protocol.items())
+
+
+# ------------------------------------------------------------------ the verdict
+
+
+@dataclass(frozen=True)
+class VerdictView:
+    word: str
+    """The JSON verdict, or "none"."""
+    sentence: str
+    reason: str | None
+    """Why there is no verdict although a threshold was given (the engine's words)."""
+    caveats: list[str]
+
+
+def verdict_reason(report: Report) -> str | None:
+    """The engine's reason for withholding the verdict, without a "no verdict:" lead-in of
+    its own (every rendering says that in its own words)."""
+    if report.verdict_reason is None:
+        return None
+    return re.sub(r"^\s*no verdict\s*[:,;-]\s*", "", report.verdict_reason, flags=re.IGNORECASE)
+
+
+def verdict_view(report: Report) -> VerdictView:
+    s = report.summary
+    meaning = (
+        "Similarity is the stitched models' mean agreement with the model they end in, over the "
+        f"stitch points, under the {PROTOCOL_LABEL[s.similarity_protocol]} protocol, in the "
+        "weaker direction."
+    )
+    caveats = list(report.verdict_caveats)
+    if report.verdict is None:
+        reason = verdict_reason(report)
+        why = (reason or "the spec set no threshold").rstrip(".")
+        return VerdictView("none", f"No verdict: {why}. The similarity is {s.similarity:.3f}. "
+                           + meaning, reason, caveats)
+    threshold = s.threshold if s.threshold is not None else float("nan")
+    if report.verdict == "similar":
+        sentence = (f"The two models are functionally similar: their similarity, "
+                    f"{s.similarity:.3f}, reaches the threshold of {threshold:.3f}. ")
+    else:
+        sentence = (f"The two models are functionally different: their similarity, "
+                    f"{s.similarity:.3f}, is below the threshold of {threshold:.3f}. ")
+    return VerdictView(report.verdict, sentence + meaning, None, caveats)
+
+
+def no_verdict_despite_threshold(report: Report) -> bool:
+    """A threshold was given, but the engine withheld the verdict and said why."""
+    return report.verdict is None and report.verdict_reason is not None
+
+
+# ------------------------------------------------------------------ the models' inputs
+
+
+def near_chance_message(role: str, m: ModelSummary) -> str:
+    chance = f" (chance: {fmt(m.chance_accuracy)})" if m.chance_accuracy is not None else ""
+    return (f"The {role} model ({m.arch}) predicts at chance on this dataset: accuracy "
+            f"{fmt(m.accuracy)}{chance}. Its figures say nothing about the model; check the "
+            "dataset, its arch_kwargs (num_classes, in_chans) and its preprocessing.")
+
+
+def near_chance_messages(report: Report) -> list[str]:
+    return [near_chance_message(role, m) for role, m in models(report) if m.near_chance]
+
+
+def preprocess_text(p: PreprocessInfo) -> str:
+    """One line: what was used and how it was chosen."""
+    text = (f"{p.name} at {p.input_size}px, mean {fmt_triple(p.mean)}, std "
+            f"{fmt_triple(p.std)}, {PREPROCESS_SOURCE_LABEL.get(p.source, p.source)}")
+    if p.candidates:
+        tried = ", ".join(f"{c.name} {fmt(c.accuracy)}" for c in p.candidates)
+        samples = f" on {p.samples} samples" if p.samples else ""
+        text += f" (accuracy{samples}: {tried})"
+    return text + (f"; {p.note}" if p.note else "")

@@ -1,0 +1,361 @@
+"""Job lifecycle in the job table: every state change of a job happens in this module.
+
+queued ──claim──▶ running ──finish──▶ succeeded | failed | cancelled
+   ▲                 │
+   └──── reap ───────┘  (heartbeat stale: the worker died; attempts count towards the cap)
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from stitchsim.models import TERMINAL_STATES, ErrorInfo, JobList, JobStatus, Progress, Spec
+from stitchsim_service.core import quotas
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.db import JobRow, utcnow
+from stitchsim_service.core.errors import DomainError, NotFoundError, Unavailable
+from stitchsim_service.core.store import is_job_id
+
+log = logging.getLogger("stitchsim.jobs")
+
+
+def new_job_id() -> str:
+    return uuid.uuid4().hex
+
+
+def to_status(row: JobRow, *, with_spec: bool = False) -> JobStatus:
+    """The row as the contract's JobStatus; the spec is parsed only when asked for (the page
+    shows it), since the stored spec is the one validated at submission."""
+    error = None
+    if row.error_code:
+        details = json.loads(row.error_details) if row.error_details else None
+        error = ErrorInfo(code=row.error_code, message=row.error_message or "", details=details)
+    return JobStatus(
+        id=row.id,
+        state=row.state,  # type: ignore[arg-type]
+        progress=Progress(stage=row.stage, done=row.done, total=row.total, eta_s=row.eta_s),
+        created_at=row.created_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
+        attempts=row.attempts,
+        error=error,
+        spec=Spec.model_validate_json(row.spec_json) if with_spec else None,
+        report_url=f"/jobs/{row.id}/report" if row.state == "succeeded" else None,
+    )
+
+
+def status_json(row: JobRow) -> bytes:
+    """GET /jobs/{id}: the JobStatus as JSON, its spec spliced in as stored. The stored spec is
+    the validated one, with every default filled in: a poll neither parses nor validates it."""
+    head = to_status(row).model_dump_json(exclude={"spec"})
+    return f'{head[:-1]},"spec":{row.spec_json}}}'.encode()
+
+
+def list_json(rows: list[JobRow], next_cursor: str | None) -> bytes:
+    """GET /jobs: a page of JobStatus without specs."""
+    return JobList(items=[to_status(r) for r in rows], next_cursor=next_cursor
+                   ).model_dump_json().encode()
+
+
+# ---------------------------------------------------------------- gateway side
+
+
+def find_idempotent(ctx: Context, owner: str, key: str) -> JobRow | None:
+    with ctx.db.read() as s:
+        return s.scalar(select(JobRow).where(JobRow.owner == owner,
+                                             JobRow.idempotency_key == key))
+
+
+def check_job_slot(ctx: Context, owner: str) -> None:
+    """too_many_jobs early, before any upload is stored; insert_job checks again, atomically."""
+    with ctx.db.read() as s:
+        quotas.check_job_slot(s, ctx.settings, owner)
+
+
+def insert_job(ctx: Context, owner: str, spec_json: str, *, idempotency_key: str | None,
+               request_hash: str, grants: list[dict[str, Any]]) -> tuple[JobRow, bool]:
+    """Insert a queued job (and the owner's grants to its objects) in one transaction, within
+    the owner's quotas (too_many_jobs / quota_exceeded otherwise).
+
+    Returns (row, created); created is False when a concurrent request with the same
+    idempotency key won the race.
+    """
+    from stitchsim_service.core.objects import grant_existing
+
+    now = utcnow()
+    row = JobRow(id=new_job_id(), owner=owner, state="queued", spec_json=spec_json,
+                 created_at=now, enqueued_at=now, attempts=0, cancel_requested=False,
+                 stage="queued", done=0, total=0, idempotency_key=idempotency_key,
+                 request_hash=request_hash)
+    try:
+        with ctx.db.write() as s:
+            quotas.lock_owner(s, owner)
+            quotas.check_job_slot(s, ctx.settings, owner)
+            s.add(row)
+            for g in grants:
+                grant_existing(s, ctx.settings, owner, **g)
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        existing = find_idempotent(ctx, owner, idempotency_key)
+        if existing is None:
+            raise
+        return existing, False
+    return row, True
+
+
+def delete_job(ctx: Context, job_id: str) -> None:
+    with ctx.db.write() as s:
+        row = s.get(JobRow, job_id)
+        if row is not None:
+            s.delete(row)
+
+
+def get_job(ctx: Context, owner: str, job_id: str) -> JobRow:
+    """Owner's job; not_found when there is none (or it is another key's)."""
+    # A malformed id names no job; checked first, as the job table cannot even be asked about
+    # some (PostgreSQL refuses a NUL byte).
+    row = None
+    if is_job_id(job_id):
+        with ctx.db.read() as s:
+            row = s.get(JobRow, job_id)
+    if row is None or row.owner != owner:
+        raise NotFoundError("job", job_id)
+    return row
+
+
+def report_bytes(ctx: Context, row: JobRow) -> bytes:
+    """The stored report of a succeeded job, as the worker wrote it."""
+    if row.state != "succeeded":
+        reason = f" ({row.error_message})" if row.error_message else ""
+        raise DomainError(
+            "job_not_finished" if row.state not in TERMINAL_STATES else f"job_{row.state}",
+            f"job {row.id} is {row.state}{reason}; a report exists only once it succeeded",
+            {"state": row.state})
+    data = ctx.store.get_bytes(row.report_key) if row.report_key else None
+    if data is None:
+        raise Unavailable("report_unavailable",
+                          f"the report of job {row.id} cannot be read from the store right now",
+                          retry_after=30)
+    return data
+
+
+def _encode_cursor(row: JobRow) -> str:
+    raw = f"{row.created_at.isoformat()}|{row.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    """The (created_at, id) a next_cursor of ours holds; bad_request for anything else,
+    including what a hand-made cursor may hold that the job table cannot compare with: a
+    naive or out-of-range time (OverflowError in UTC), a job id with a NUL byte."""
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        text, job_id = base64.urlsafe_b64decode(padded).decode().split("|", 1)
+        created = datetime.fromisoformat(text)
+        if created.tzinfo is None or not is_job_id(job_id):
+            raise ValueError("not a cursor of this service")
+        created.astimezone(timezone.utc)
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
+        raise DomainError("bad_request", "cursor is not one this service issued") from None
+    return created, job_id
+
+
+def list_jobs(ctx: Context, owner: str, *, limit: int, cursor: tuple[datetime, str] | None,
+              state: str | None) -> tuple[list[JobRow], str | None]:
+    q = select(JobRow).where(JobRow.owner == owner)
+    if state:
+        q = q.where(JobRow.state == state)
+    if cursor:
+        created, job_id = cursor
+        q = q.where(or_(JobRow.created_at < created,
+                        and_(JobRow.created_at == created, JobRow.id < job_id)))
+    q = q.order_by(JobRow.created_at.desc(), JobRow.id.desc()).limit(limit + 1)
+    with ctx.db.read() as s:
+        rows = list(s.scalars(q))
+    nxt = _encode_cursor(rows[limit - 1]) if len(rows) > limit else None
+    return rows[:limit], nxt
+
+
+def cancel(ctx: Context, owner: str, job_id: str) -> JobRow:
+    """Cancel a queued job at once; flag a running one for the worker to stop (cooperative:
+    it sees the flag between batches). job_finished when it already ended."""
+    now = utcnow()
+    with ctx.db.write() as s:
+        row = s.get(JobRow, job_id) if is_job_id(job_id) else None
+        if row is None or row.owner != owner:
+            raise NotFoundError("job", job_id)
+        if row.state in TERMINAL_STATES:
+            raise DomainError("job_finished", f"job {job_id} already {row.state}",
+                              {"state": row.state})
+        if row.state == "queued":
+            row.state = "cancelled"
+            row.finished_at = now
+            row.stage = "cancelled"
+        row.cancel_requested = True
+        return row
+
+
+# ---------------------------------------------------------------- worker side
+
+
+@dataclass
+class Claim:
+    job_id: str
+    attempt: int
+    spec_json: str
+
+
+class Busy(Exception):
+    """Another live worker runs this job (its heartbeat is fresh)."""
+
+
+def mark_delivered(ctx: Context, job_id: str, worker: str) -> None:
+    with ctx.db.write() as s:
+        s.execute(update(JobRow).where(JobRow.id == job_id, JobRow.state == "queued")
+                  .values(delivered_at=utcnow(), worker=worker))
+
+
+def claim(ctx: Context, job_id: str, worker: str) -> Claim | None:
+    """Take a job for this attempt; None when there is nothing to run.
+
+    Raises Busy when the job is running with a fresh heartbeat: either a duplicate delivery,
+    or the previous attempt died a moment ago and the caller should wait and try again.
+    """
+    s_ = ctx.settings
+    now = utcnow()
+    with ctx.db.write() as s:
+        row = s.get(JobRow, job_id)
+        if row is None or row.state in TERMINAL_STATES:
+            return None
+        if row.cancel_requested:
+            _finish_row(row, "cancelled", now)
+            row.stage = "cancelled"
+            return None
+        if row.state == "running" and row.heartbeat_at is not None and (
+            now - row.heartbeat_at < timedelta(seconds=2 * s_.heartbeat_s + 1)
+        ):
+            raise Busy(job_id)
+        if row.attempts >= s_.max_attempts:
+            _finish_row(row, "failed", now)
+            row.error_code = "attempts_exhausted"
+            row.error_message = (
+                f"gave up after {row.attempts} attempts: the worker running this job died each "
+                "time (out of memory? a GPU fault?); try fewer stitch points, a smaller batch "
+                "size or a smaller model"
+            )
+            row.stage = "failed"
+            return None
+        row.attempts += 1
+        row.state = "running"
+        row.started_at = row.started_at or now
+        row.heartbeat_at = now
+        row.worker = worker
+        row.stage = "starting"
+        row.done, row.total, row.eta_s = 0, 0, None
+        return Claim(job_id=row.id, attempt=row.attempts, spec_json=row.spec_json)
+
+
+def _mine(job_id: str, attempt: int) -> Any:
+    return and_(JobRow.id == job_id, JobRow.state == "running", JobRow.attempts == attempt)
+
+
+def heartbeat(ctx: Context, c: Claim, progress: Progress | None) -> bool:
+    """Refresh the heartbeat (and progress); returns the cancel flag."""
+    values: dict[str, Any] = {"heartbeat_at": utcnow()}
+    if progress is not None:
+        values.update(stage=progress.stage[:64], done=progress.done, total=progress.total,
+                      eta_s=progress.eta_s)
+    with ctx.db.write() as s:
+        s.execute(update(JobRow).where(_mine(c.job_id, c.attempt)).values(**values))
+        flag = s.scalar(select(JobRow.cancel_requested).where(JobRow.id == c.job_id))
+    return bool(flag)
+
+
+def _finish_row(row: JobRow, state: str, now: datetime) -> None:
+    row.state = state
+    row.finished_at = now
+    if row.started_at is not None:
+        row.duration_s = (now - row.started_at).total_seconds()
+
+
+def finish(ctx: Context, c: Claim, state: str, *, report_key: str | None = None,
+           error_code: str | None = None, error_message: str | None = None,
+           error_details: Any = None) -> bool:
+    """Record the outcome of this attempt; False when the job was taken from us meanwhile."""
+    now = utcnow()
+    with ctx.db.write() as s:
+        row = s.get(JobRow, c.job_id)
+        if row is None or row.state != "running" or row.attempts != c.attempt:
+            return False
+        _finish_row(row, state, now)
+        row.stage = {"succeeded": "done"}.get(state, state)
+        if state == "succeeded":
+            row.done = row.total
+            row.eta_s = 0.0
+        row.report_key = report_key
+        row.error_code = error_code
+        row.error_message = error_message
+        row.error_details = json.dumps(error_details) if error_details is not None else None
+        return True
+
+
+# ---------------------------------------------------------------- reaper
+
+
+def reap(ctx: Context, *, broker_empty: bool = False) -> list[tuple[str, int]]:
+    """Put jobs whose worker vanished back in the queue state; returns (job_id, attempts).
+
+    The caller re-sends them to the broker. Running jobs with a stale heartbeat lost their
+    worker; queued jobs delivered long ago and never claimed lost theirs before it started.
+    When the broker's queue is empty, queued jobs never delivered lost their message (a broker
+    restarted without persistence) and are re-sent too.
+    """
+    s_ = ctx.settings
+    cutoff = utcnow() - timedelta(seconds=s_.stale_after_s)
+    out: list[tuple[str, int]] = []
+    lost = [
+        and_(JobRow.state == "running", JobRow.heartbeat_at < cutoff),
+        and_(JobRow.state == "queued", JobRow.delivered_at < cutoff),
+    ]
+    if broker_empty:
+        lost.append(and_(JobRow.state == "queued", JobRow.delivered_at.is_(None),
+                         JobRow.enqueued_at < cutoff))
+    with ctx.db.write() as s:
+        q = select(JobRow).where(or_(*lost)).limit(100)
+        if not ctx.db.is_sqlite:
+            q = q.with_for_update(skip_locked=True)  # several gateways reap in turn
+        rows = list(s.scalars(q))
+        now = utcnow()
+        for row in rows:
+            if row.cancel_requested:
+                _finish_row(row, "cancelled", now)
+                row.stage = "cancelled"
+                continue
+            if row.attempts >= s_.max_attempts and row.state == "running":
+                _finish_row(row, "failed", now)
+                row.stage = "failed"
+                row.error_code = "attempts_exhausted"
+                row.error_message = (
+                    f"gave up after {row.attempts} attempts: the worker stopped responding "
+                    "each time (killed, out of memory, or the machine went away)"
+                )
+                continue
+            log.warning("requeueing job %s (state %s, attempts %s)", row.id, row.state,
+                        row.attempts)
+            row.state = "queued"
+            row.stage = "requeued"
+            row.delivered_at = None
+            row.enqueued_at = now
+            row.heartbeat_at = None
+            out.append((row.id, row.attempts))
+    return out

@@ -1,0 +1,190 @@
+"""Celery configuration shared by gateway and workers, and the gateway's side of the queue.
+
+The gateway sends tasks by name: it never imports worker code (and so never imports torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from celery import Celery
+from celery.exceptions import TimeoutError as CeleryTimeout
+from kombu.transport import TRANSPORT_ALIASES
+from kombu.transport import sqlalchemy as kombu_sqla
+from sqlalchemy import event
+from stitchsim_service.core.settings import Settings
+
+log = logging.getLogger("stitchsim.queue")
+
+GPU_QUEUE = "gpu"
+CHECKS_QUEUE = "checks"
+RUN_TASK = "stitchsim.run_job"
+CHECK_TASK = "stitchsim.check_spec"
+
+
+class _EmbeddedChannel(kombu_sqla.Channel):
+    def _engine_from_config(self) -> Any:
+        # kombu hands every transport option to create_engine, including polling_interval,
+        # which create_engine refuses; and SQLite wants WAL + a busy timeout for several
+        # processes (gateway, two workers) to share one broker file.
+        opts = self.connection.client.transport_options.copy()
+        for key in ("queue_tablename", "message_tablename", "callback", "errback",
+                    "max_retries", "interval_start", "interval_step", "interval_max",
+                    "retry_errors", "polling_interval"):
+            opts.pop(key, None)
+        from sqlalchemy import create_engine
+
+        engine = create_engine(self.connection.client.hostname, **opts)
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_conn: Any, _rec: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        return engine
+
+
+class EmbeddedTransport(kombu_sqla.Transport):
+    """kombu's SQLAlchemy transport, usable with SQLite by several processes."""
+
+    Channel = _EmbeddedChannel
+
+
+TRANSPORT_ALIASES["stitchsim-sqla"] = "stitchsim_service.core.queue:EmbeddedTransport"
+
+
+def broker_url(settings: Settings) -> str:
+    if settings.redis_url:
+        return settings.redis_url
+    return f"stitchsim-sqla+sqlite:///{settings.data_dir.resolve() / 'broker.db'}"
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        "broker_url": broker_url(settings),
+        "result_backend": settings.result_backend,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        # Work survives a dead worker: the message is acknowledged only after the task ran, and
+        # a pool child killed mid-task (OOM, kill -9) puts it back. The attempt cap in the job
+        # table stops a job that kills every worker from looping.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_time_limit": settings.job_time_limit_s,
+        "task_soft_time_limit": max(settings.job_time_limit_s - 30, 1),
+        "task_default_queue": GPU_QUEUE,
+        "task_routes": {RUN_TASK: {"queue": GPU_QUEUE}, CHECK_TASK: {"queue": CHECKS_QUEUE}},
+        "result_expires": 3600,
+        "broker_connection_retry_on_startup": True,
+        "worker_send_task_events": False,
+        "task_send_sent_event": False,
+        "worker_hijack_root_logger": False,
+        "worker_concurrency": settings.worker_concurrency,
+        # A pool child imports torch and timm before it reports up (4.5 s on a busy 2-core
+        # machine); Celery's default of 4 s kills it and forks another, over and over.
+        "worker_proc_alive_timeout": 120.0,
+        # Cold shutdown (SIGQUIT, or a second SIGTERM) gives running tasks this long, then
+        # stops them; acks late puts their messages back.
+        "worker_soft_shutdown_timeout": settings.shutdown_grace_s,
+        # Keep running on a broker blip: the job table dedups the redelivery that follows.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
+    }
+    if settings.redis_url:
+        vt = settings.resolved_visibility_timeout_s
+        conf["broker_transport_options"] = {"visibility_timeout": vt}
+        conf["result_backend_transport_options"] = {"visibility_timeout": vt}
+    else:
+        conf["broker_transport_options"] = {
+            "polling_interval": settings.broker_poll_s,
+            "connect_args": {"timeout": 30},
+        }
+        # The SQLite broker has no fanout: no remote control, no gossip, no revoke; cancel is
+        # cooperative through the job table.
+        conf["worker_enable_remote_control"] = False
+    return conf
+
+
+def make_celery(settings: Settings) -> Celery:
+    app = Celery("stitchsim", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app
+
+
+@dataclass
+class CheckOutcome:
+    checked: bool
+    error: dict[str, Any] | None = None
+    note: str = ""
+
+
+class JobQueue:
+    """What the gateway needs from Celery: enqueue a job, check a spec, read queue depth."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.celery = make_celery(settings)
+
+    def enqueue(self, job_id: str, attempt_hint: int = 0) -> None:
+        self.celery.send_task(
+            RUN_TASK,
+            args=[job_id],
+            queue=GPU_QUEUE,
+            task_id=f"{job_id}-{attempt_hint}",
+            ignore_result=True,
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.5,
+                          "interval_max": 1},
+        )
+
+    def check_spec(self, spec: dict[str, Any], timeout: float) -> CheckOutcome:
+        if timeout <= 0:
+            return CheckOutcome(False, note="spec check disabled")
+        try:
+            result = self.celery.send_task(
+                CHECK_TASK, args=[spec], queue=CHECKS_QUEUE, expires=timeout,
+                retry=True, retry_policy={"max_retries": 1, "interval_start": 0},
+            )
+        except Exception as exc:  # broker trouble: the enqueue that follows will say so
+            log.warning("spec check not sent: %s", exc)
+            return CheckOutcome(False, note=f"spec check not sent: {exc}")
+        try:
+            out = result.get(timeout=timeout, interval=0.05, propagate=True)
+        except CeleryTimeout:
+            return CheckOutcome(False, note=f"no spec check answer within {timeout:g} s")
+        except Exception as exc:
+            # A broken checker must not block submissions: the worker will fail the job with
+            # the same reason, visibly.
+            log.warning("spec check failed unexpectedly: %r", exc)
+            return CheckOutcome(False, note=f"spec check failed: {exc}")
+        finally:
+            with contextlib.suppress(Exception):  # forgetting is housekeeping only
+                result.forget()
+        if out is None:
+            return CheckOutcome(True)
+        return CheckOutcome(True, error=out)
+
+    def depth(self, queue: str) -> int | None:
+        try:
+            with self.celery.connection_for_read() as conn:
+                return int(_declare(conn, queue).message_count)
+        except Exception:
+            return None
+
+    def ping(self, timeout: float = 3.0) -> None:
+        with self.celery.connection_for_read() as conn:
+            conn.ensure_connection(max_retries=1, timeout=timeout)
+            # A real round trip: ensure_connection alone is lazy on virtual transports.
+            _declare(conn, GPU_QUEUE)
+
+
+def _declare(conn: Any, queue: str) -> Any:
+    # Not passive: Redis only "has" a queue while it holds messages, so a passive declare of an
+    # empty queue fails. Declaring is idempotent on both our transports.
+    return conn.default_channel.queue_declare(queue=queue, durable=True, auto_delete=False)

@@ -1,0 +1,214 @@
+"""Submitting a job, without the HTTP: what POST /similarity does once the body is read.
+
+    assemble   the spec's front/back from uploaded files, validated once
+    refs       every id the spec names exists and belongs to the key
+    replay     a known Idempotency-Key answers with its job
+    quota      a job slot is free (checked early, then again atomically on insert)
+    objects    uploaded checkpoints go into the store; grants wait for the insert
+    check      a check worker tries the spec (unknown layer, weights that do not fit ...)
+    insert     the job row and the grants, in one transaction
+    enqueue    the job goes to the broker; if it cannot, the row goes again
+    repair     bytes a concurrent rollback took are put back
+
+On any failure before the job is queued, nothing of the submission stays behind. The spec is
+stored as validated, every default filled in: workers and status polls use that JSON as is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+from stitchsim import codes
+from stitchsim.datasets import BUILTIN
+from stitchsim.files.header import Header
+from stitchsim.models import LocalPath, Spec
+from stitchsim_service.core import jobs, objects
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.errors import DomainError, NotFoundError, Unavailable, validation_error
+from stitchsim_service.core.metrics import JOBS_SUBMITTED
+from stitchsim_service.core.objects import StagedFile
+from stitchsim_service.core.store import object_key, parse_object_id
+
+log = logging.getLogger("stitchsim.submit")
+
+SIDES = ("front", "back")
+
+
+class StagedCheckpoint(StagedFile, Protocol):
+    """An uploaded checkpoint whose header the gateway validated."""
+
+    @property
+    def header(self) -> Header | None: ...
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_id: str
+    created: bool
+    """False when an earlier request with the same Idempotency-Key made the job."""
+
+
+def submit_job(ctx: Context, owner: str, raw: Any, files: Mapping[str, StagedCheckpoint],
+               idempotency_key: str | None = None) -> Submitted:
+    """Validate, check and queue a job for owner. `raw` is the spec as the client sent it;
+    `files` the checkpoints uploaded with it, by side ("front", "back"). The caller keeps
+    (and removes) the files."""
+    spec = assemble_spec(raw, files)
+    check_refs(ctx, owner, spec, {f.object_id for f in files.values()})
+    spec_doc = spec.model_dump(mode="json")
+    spec_json = json.dumps(spec_doc, sort_keys=True, separators=(",", ":"))
+    request_hash = hashlib.sha256(spec_json.encode()).hexdigest()
+
+    if idempotency_key is not None:
+        prior = jobs.find_idempotent(ctx, owner, idempotency_key)
+        if prior is not None:
+            return _replay(prior.id, prior.request_hash, request_hash)
+    jobs.check_job_slot(ctx, owner)
+
+    created_objects: list[tuple[str, str]] = []
+    queued = False
+    try:
+        grants = []
+        for up in {f.object_id: f for f in files.values()}.values():
+            if objects.put_object(ctx, "checkpoints", up):
+                created_objects.append(("checkpoints", up.object_id))
+            assert up.header is not None
+            grants.append({"kind": "checkpoints", "object_id": up.object_id, "size": up.size,
+                           "info": objects.checkpoint_info(up.header)})
+        check_spec(ctx, spec_doc)
+        row, created = jobs.insert_job(ctx, owner, spec_json, idempotency_key=idempotency_key,
+                                       request_hash=request_hash, grants=grants)
+        if not created:
+            # Lost a race against the same Idempotency-Key: that request's job is ours.
+            return _replay(row.id, row.request_hash, request_hash)
+        _enqueue(ctx, row.id)
+        queued = True
+        # Our grants are committed: make sure a concurrent rollback did not take the bytes.
+        for up in files.values():
+            key = object_key("checkpoints", up.object_id)
+            if not ctx.store.has(key):
+                ctx.store.put_file(key, up.path)
+        JOBS_SUBMITTED.inc()
+        return Submitted(row.id, True)
+    except BaseException:
+        if not queued and created_objects:
+            objects.rollback(ctx, created_objects)
+        raise
+
+
+def _replay(job_id: str, prior_hash: str | None, request_hash: str) -> Submitted:
+    if prior_hash != request_hash:
+        raise DomainError("idempotency_conflict",
+                          "this Idempotency-Key was used with a different request; use a new "
+                          "key for a new request", {"job_id": job_id})
+    return Submitted(job_id, False)
+
+
+def _enqueue(ctx: Context, job_id: str) -> None:
+    assert ctx.queue is not None
+    try:
+        ctx.queue.enqueue(job_id)
+    except Exception as exc:
+        log.error("enqueue of job %s failed: %s", job_id, exc)
+        jobs.delete_job(ctx, job_id)
+        raise Unavailable("broker_unavailable",
+                          "the job queue is unreachable; nothing was queued, retry later",
+                          retry_after=10) from None
+
+
+def _spec_error(message: str, field: str | None = None, code: str = "invalid_spec") -> DomainError:
+    return DomainError(code, message, {"field": field} if field else None)
+
+
+def assemble_spec(raw: Any, files: Mapping[str, StagedCheckpoint]) -> Spec:
+    """The spec with uploaded files as its front/back checkpoints, validated (the one
+    validation a spec gets in the service)."""
+    if not isinstance(raw, dict):
+        raise _spec_error("the spec must be a JSON object")
+    raw = dict(raw)
+    for side in SIDES:
+        up = files.get(side)
+        if up is None:
+            continue
+        ref = raw.get(side) or {}
+        if not isinstance(ref, dict):
+            raise _spec_error(f"{side} must be an object", side)
+        if "checkpoint" in ref and ref["checkpoint"] != up.object_id:
+            raise DomainError("bad_request",
+                              f"{side} is given both as a file and as checkpoint "
+                              f"{ref['checkpoint']!r}; give one of them", {"field": side})
+        raw[side] = {**ref, "checkpoint": up.object_id}
+    for side in SIDES:
+        if side not in raw:
+            raise _spec_error(
+                f"{side} is missing: upload it as multipart file '{side}' or give "
+                f'{{"{side}": {{"checkpoint": "sha256:..."}}}}', side)
+    try:
+        return Spec.model_validate(raw)
+    except ValidationError as exc:
+        raise validation_error("invalid_spec", "invalid spec", list(exc.errors())) from None
+
+
+def _local_path_refused(field: str, what: str, endpoint: str) -> DomainError:
+    return _spec_error(f"{field}: local paths are only accepted by `stitchsim-server run`; "
+                       f"upload {what} with {endpoint} and give its id", field,
+                       code="local_path_refused")
+
+
+def check_refs(ctx: Context, owner: str, spec: Spec, uploaded: set[str]) -> None:
+    """Every id the spec names must exist and belong to this key (not_found otherwise)."""
+    for side in SIDES:
+        ref = getattr(spec, side).checkpoint
+        field = f"{side}.checkpoint"
+        if isinstance(ref, LocalPath):
+            raise _local_path_refused(field, "the file", "POST /checkpoints")
+        try:
+            parse_object_id(ref)
+        except ValueError as exc:
+            raise _spec_error(f"{field}: {exc}", field) from None
+        if ref not in uploaded and objects.owned(ctx, owner, "checkpoints", ref) is None:
+            raise NotFoundError(f"{side} checkpoint", ref, {"field": field},
+                                hint="; upload it with POST /checkpoints")
+    ds = spec.dataset
+    if isinstance(ds, LocalPath):
+        raise _local_path_refused("dataset", "the file", "POST /datasets")
+    if ds in BUILTIN:
+        return
+    if ds.startswith("sha256:"):
+        try:
+            parse_object_id(ds)
+        except ValueError as exc:
+            raise _spec_error(f"dataset: {exc}", "dataset") from None
+        if objects.owned(ctx, owner, "datasets", ds) is None:
+            raise NotFoundError("dataset", ds, {"field": "dataset"},
+                                hint="; upload it with POST /datasets")
+        return
+    raise _spec_error(
+        f"dataset: unknown dataset {ds!r}; use a built-in ({', '.join(BUILTIN)}) or "
+        "the id of a dataset you uploaded", "dataset", code="unknown_dataset")
+
+
+def check_spec(ctx: Context, spec_doc: dict[str, Any]) -> None:
+    """The submission-time spec check: a check worker tries the spec without running it
+    (architecture, kwargs, weights against the checkpoint's header, stitch points), so a spec
+    that cannot work is refused now, not after the job waited in the queue. Without an answer
+    in time the job is queued unchecked (the run worker fails it with the same reason,
+    visibly)."""
+    assert ctx.queue is not None
+    outcome = ctx.queue.check_spec(spec_doc, ctx.settings.check_timeout_s)
+    if outcome.error is not None:
+        err = outcome.error
+        code = str(err.get("code") or "invalid_spec")
+        if codes.get(code) is None:
+            log.warning("the spec check answered an unregistered code %r", code)
+            code = "invalid_spec"
+        raise DomainError(code, str(err.get("message") or "the spec cannot work"),
+                          err.get("details"))
+    if not outcome.checked:
+        log.info("job accepted unchecked: %s", outcome.note)

@@ -1,0 +1,87 @@
+"""The one place where errors become HTTP answers: {"error": {"code", "message", "details"}}
+with the status the error-code registry (stitchsim.codes) gives the code.
+
+Bad input is always a 4xx with a message that says what to fix; a 500 means a bug of ours and
+never carries a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from sqlalchemy.exc import OperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from stitchsim import codes
+from stitchsim.files.errors import SafetensorsError
+from stitchsim_service.core.errors import DomainError, validation_error
+from stitchsim_service.core.store import StoreError
+
+log = logging.getLogger("stitchsim.service")
+
+
+def status_of(exc: DomainError) -> int:
+    return codes.status_of(exc.code)
+
+
+def body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": details}}
+
+
+def answer(exc: DomainError) -> JSONResponse:
+    status = status_of(exc)
+    headers = {}
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(int(exc.retry_after))
+    if status == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    message = exc.message
+    if isinstance(exc, StoreError):
+        log.error("store error: %s", exc)
+        message += "; retry later"
+    return JSONResponse(body(exc.code, message, exc.details), status_code=status,
+                        headers=headers or None)
+
+
+def file_error(exc: SafetensorsError, what: str) -> DomainError:
+    """A refused file as a domain error: its code says 415 (another format) or 422."""
+    return DomainError(exc.code, f"{what}: {exc.message}", exc.details)
+
+
+def install_handlers(app: FastAPI) -> None:
+    @app.exception_handler(DomainError)
+    async def _domain(request: Request, exc: DomainError) -> JSONResponse:
+        return answer(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return answer(validation_error("invalid_request", "invalid request", list(exc.errors())))
+
+    @app.exception_handler(ValidationError)
+    async def _pydantic_validation(request: Request, exc: ValidationError) -> JSONResponse:
+        return answer(validation_error("invalid_spec", "invalid spec", list(exc.errors())))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = codes.GENERIC.get(exc.status_code, "error")
+        message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+        if exc.status_code == 404 and message == "Not Found":
+            message = f"no such endpoint: {request.method} {request.url.path}"
+        return JSONResponse(
+            body(code, message), status_code=exc.status_code, headers=getattr(exc, "headers", None)
+        )
+
+    @app.exception_handler(OperationalError)
+    async def _db(request: Request, exc: OperationalError) -> JSONResponse:
+        log.error("job table error: %s", exc)
+        return answer(DomainError("database_unavailable",
+                                  "the job table is unavailable; retry later", retry_after=10))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return answer(DomainError("internal", "internal error; it has been logged"))

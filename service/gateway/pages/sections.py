@@ -1,0 +1,304 @@
+"""The sections of the report page, in reading order: header, verdict, alerts and warnings,
+models and how their inputs were prepared, summary, agreement plots, controls, IRI
+convergence, every result, run details. Each renders the report's view (stitchsim.view)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from stitchsim import view
+from stitchsim.models import ModelSummary, Report, ResultRow
+from stitchsim.view import (
+    CONTROL_LABEL,
+    DIRECTION_LABEL,
+    PREPROCESS_SOURCE_LABEL,
+    PROTOCOL_LABEL,
+    fmt,
+    fmt_ci,
+    fmt_signed,
+    fmt_triple,
+)
+from stitchsim_service.gateway.pages.html import (
+    Col,
+    code,
+    esc,
+    figure,
+    plain,
+    stitch_cell,
+    table,
+)
+from stitchsim_service.gateway.pages.plots import Plot
+
+
+def _figure(plot: Plot, caption: str) -> str:
+    return figure(plot.plot_id, plot.svg, len(plot.series), caption)
+
+
+def header(report: Report) -> str:
+    front, back = view.model_names(report)
+    job = f"job {code(report.job_id)} · " if report.job_id else ""
+    return (
+        "<header><h1>Functional similarity report</h1>"
+        f'<p class="sub">{esc(front)} versus {esc(back)} on {esc(view.dataset_name(report))} · '
+        f"{job}stitch points: {view.count_points(report)}"
+        f" · objectives: {esc(', '.join(report.spec.objectives))}</p></header>"
+    )
+
+
+def verdict_section(report: Report) -> str:
+    v = view.verdict_view(report)
+    extra = ""
+    if v.caveats:
+        items = "".join(f"<li>{esc(c)}</li>" for c in v.caveats)
+        extra += f'<p>The verdict rests on:</p><ul id="verdict-caveats">{items}</ul>'
+    if report.summary.similarity_protocol == "standard":
+        extra += (
+            "<p>Only the standard protocol ran. It can score networks as similar that process "
+            "their inputs differently; read it against the clustered-noise floor, or run the "
+            "invariance-aware protocol.</p>"
+        )
+    return (
+        f'<section class="verdict {v.word}" id="verdict" data-verdict="{v.word}" '
+        'aria-label="Verdict">'
+        f'<p>Verdict: <span class="word" id="verdict-word">{v.word}</span></p>'
+        f'<p id="verdict-text">{esc(v.sentence)}</p>{extra}</section>'
+    )
+
+
+def near_chance_section(report: Report) -> str:
+    """A loud box per model that predicts at chance: its figures mean nothing."""
+    messages = view.near_chance_messages(report)
+    if not messages:
+        return ""
+    items = "".join(f"<p>{esc(m)}</p>" for m in messages)
+    return (
+        '<section class="alert" id="near-chance" role="alert" aria-label="Model at chance">'
+        f"<strong>A model predicts at chance</strong>{items}</section>"
+    )
+
+
+def warnings_section(report: Report) -> str:
+    if not report.warnings:
+        return ""
+    # The engine may say the same thing for a result and for its control: say it once.
+    items = "".join(f"<li>{esc(w)}</li>" for w in dict.fromkeys(report.warnings))
+    return (
+        '<section class="warnings" id="warnings" aria-label="Warnings">'
+        f"<strong>Warnings</strong><ul>{items}</ul></section>"
+    )
+
+
+def _preprocess_row(role: str, m: ModelSummary) -> list[str]:
+    p = m.preprocess
+    if p is None:
+        return [role, "—", str(m.input_size), "—", "—", "not reported", ""]
+    return [role, esc(p.name), str(p.input_size), esc(fmt_triple(p.mean)),
+            esc(fmt_triple(p.std)), esc(PREPROCESS_SOURCE_LABEL.get(p.source, p.source)),
+            esc(p.note)]
+
+
+def _candidates_table(role: str, m: ModelSummary) -> str:
+    p = m.preprocess
+    if p is None or not p.candidates:
+        return ""
+    rows = [[esc(c.name) + (" (chosen)" if c.name == p.name else ""), esc(fmt_triple(c.mean)),
+             esc(fmt_triple(c.std)), fmt(c.accuracy)] for c in p.candidates]
+    samples = f" on {p.samples} labelled samples" if p.samples else ""
+    cols = [Col("candidate"), Col("mean"), Col("std"), Col("accuracy", True)]
+    return (f"<p>{esc(role)} model: the candidates tried{esc(samples)}.</p>"
+            + table(cols, rows, f"preprocess-{role}-candidates"))
+
+
+def preprocess_section(report: Report) -> str:
+    cols = [Col("model"), Col("preprocessing"), Col("input size", True), Col("mean"),
+            Col("std"), Col("chosen"), Col("how")]
+    rows = [_preprocess_row(role, m) for role, m in view.models(report)]
+    candidates = "".join(_candidates_table(role, m) for role, m in view.models(report))
+    return (
+        "<h3>How each model's input was prepared</h3>"
+        "<p>Images in [0, 1] are resized to the model's input size and normalised with its "
+        "mean and std before they reach the model.</p>"
+        + table(cols, rows, "preprocess-table") + candidates
+    )
+
+
+def models_section(report: Report) -> str:
+    cols = [Col("model"), Col("architecture"), Col("checkpoint"), Col("input size", True),
+            Col("accuracy", True), Col("CI", True), Col("chance", True), Col("stitch points")]
+    rows = []
+    for role, m in view.models(report):
+        kwargs = ", ".join(f"{k}={v}" for k, v in m.arch_kwargs.items())
+        arch = esc(m.arch) + (f' <span class="kw">({esc(kwargs)})</span>' if kwargs else "")
+        accuracy = fmt(m.accuracy)
+        if m.near_chance:
+            accuracy = f'<span class="bad">{accuracy} (at chance)</span>'
+        rows.append([
+            role, arch, f'<span class="mono">{esc(m.checkpoint)}</span>', str(m.input_size),
+            accuracy, fmt_ci(m.accuracy_ci),
+            fmt(m.chance_accuracy) if m.chance_accuracy is not None else "—",
+            ", ".join(code(x) for x in m.layers) or "—",
+        ])
+    return (
+        '<section id="models"><h2>Models and data</h2>'
+        "<p>Each model's own accuracy on the test split, the baseline every stitched model is "
+        "compared with.</p>"
+        + table(cols, rows, "models-table")
+        + preprocess_section(report)
+        + _dataset_table(report.dataset)
+        + "</section>"
+    )
+
+
+def _dataset_table(dataset: dict[str, Any]) -> str:
+    if not dataset:
+        return ""
+    rows = [[esc(k), esc(plain(v))] for k, v in dataset.items()]
+    return "<h3>Dataset</h3>" + table([Col("field"), Col("value")], rows, "dataset-table")
+
+
+def agreement_section(report: Report, plots: Sequence[Plot]) -> str:
+    intro = (
+        "<p>How well the stitched model's predictions agree with those of the model it ends "
+        "in (the end model), at each "
+        "stitch point from shallow to deep; shaded around each line: its confidence interval. "
+        "<strong>Blue, solid:</strong> standard protocol (the stitch is trained on real "
+        "images). <strong>Vermillion, dashed:</strong> invariance-aware protocol (the stitch "
+        "is trained on inputs the front model cannot tell apart from real ones); the gap "
+        "between the two is the functional difference the standard protocol hides. "
+        "<strong>Green band:</strong> identity ceiling (the end model stitched into itself). "
+        "<strong>Grey hatched band:</strong> clustered-noise floor (what inputs with no "
+        "information but class clusters already reach); a score near it says little.</p>"
+    )
+    figures = "".join(
+        _figure(p, esc(view.direction_title(report, d)) + ".")
+        for p, d in zip(plots, view.directions(report), strict=True)
+    )
+    return f'<section id="agreement"><h2>Agreement versus depth</h2>{intro}{figures}</section>'
+
+
+def controls_section(report: Report) -> str:
+    if not report.controls:
+        return (
+            '<section id="controls"><h2>Controls</h2><p>No controls ran. Add '
+            '<code>"controls": ["identity", "clustered_noise"]</code> to the spec to draw the '
+            "ceiling and the floor.</p></section>"
+        )
+    cols = [Col("control"), Col("σ", True), Col("direction"), Col("stitch point"),
+            Col("objective"), Col("protocol"), Col("agreement", True), Col("CI", True),
+            Col("hard agr.", True), Col("accuracy", True), Col("excess agr.", True)]
+    rows = [
+        [esc(CONTROL_LABEL.get(c.control or "", c.control or "")),
+         f"{c.sigma:g}" if c.sigma is not None else "", DIRECTION_LABEL[c.direction],
+         stitch_cell(c), c.objective, PROTOCOL_LABEL[c.protocol], fmt(c.agreement),
+         fmt_ci(c.agreement_ci), fmt(c.hard_agreement), fmt(c.accuracy),
+         fmt(c.excessive_agreement) if c.excessive_agreement is not None else ""]
+        for c in report.controls
+    ]
+    return (
+        '<section id="controls"><h2>Controls</h2>'
+        "<p>Identity: the end model (the back model, or the front model in the back → front "
+        "direction) stitched into itself at the same layer (expect agreement near 1). "
+        "Clustered noise: one random centre per class plus Gaussian noise of scale σ, fed "
+        "through the stitch into the end model; the agreement such a contentless input "
+        "reaches is the floor for reading a standard-protocol score.</p>"
+        + table(cols, rows, "controls-table", wide=True)
+        + "</section>"
+    )
+
+
+def iri_section(report: Report, plots: Sequence[Plot]) -> str:
+    if not plots:
+        return ""
+    cols = [Col("direction"), Col("from layer"), Col("start median", True),
+            Col("median", True), Col("p90", True), Col("max", True), Col("converged"),
+            Col("cache"), Col("samples", True), Col("seconds", True)]
+    rows = []
+    for direction in view.directions(report):
+        for r in view.iri_rows(report, direction):
+            s = r.iri
+            assert s is not None  # iri_rows keeps rows with stats only
+            ok = '<span class="ok">yes</span>' if s.converged else '<span class="bad">no</span>'
+            source = view.stitch_order(r.front_layer, r.back_layer, direction)[0]
+            rows.append([DIRECTION_LABEL[direction], code(source),
+                         fmt(s.start_median), fmt(s.median), fmt(s.p90), fmt(s.max), ok,
+                         "hit" if s.cache_hit else "computed", str(s.n), fmt(s.seconds, 1)])
+    caption = esc(
+        "How closely the synthesised inputs (IRIs) match their source images in the front "
+        "model's representation at each stitch point. If they did not converge, the "
+        "invariance-aware score is not trustworthy at that point."
+    )
+    figures = "".join(_figure(p, caption) for p in plots)
+    return (
+        '<section id="iri"><h2>IRI convergence</h2>'
+        f"{figures}{table(cols, rows, 'iri-table')}</section>"
+    )
+
+
+def results_section(report: Report) -> str:
+    cols = [Col("direction"), Col("stitch point"), Col("objective"),
+            Col("protocol"), Col("agreement", True), Col("CI", True), Col("hard agr.", True),
+            Col("drop", True), Col("accuracy", True), Col("penalty", True),
+            Col("error κ", True), Col("train loss", True), Col("seconds", True), Col("stitch")]
+    drops = view.point_drops(report)
+
+    def drop(r: ResultRow) -> str:
+        # Shown once per stitch point and objective, on its invariance-aware row.
+        value = drops.get((r.direction, r.objective, r.front_layer, r.back_layer))
+        return fmt(value) if value is not None and r.protocol == "invariance_aware" else ""
+
+    rows = [
+        [DIRECTION_LABEL[r.direction], stitch_cell(r), r.objective,
+         PROTOCOL_LABEL[r.protocol], fmt(r.agreement), fmt_ci(r.agreement_ci),
+         fmt(r.hard_agreement), drop(r), fmt(r.accuracy), fmt_signed(r.stitching_penalty),
+         fmt(r.error_consistency), fmt(r.train_loss, 4), fmt(r.seconds, 1), esc(r.stitch)]
+        for r in report.results
+    ]
+    return (
+        '<section id="results"><h2>All results</h2>'
+        "<p>One row per direction, stitch point, objective and protocol. Stitch point: the "
+        "layer the stitch reads from → the layer it feeds into (in the back → front "
+        "direction, a back-model layer into a front-model layer). Drop: standard minus "
+        "invariance-aware agreement at that point. Penalty: the receiving "
+        "model's accuracy minus the stitched model's. Error κ: Cohen's kappa of the two being "
+        "right or wrong on the same samples.</p>"
+        + table(cols, rows, "results-table", wide=True)
+        + "</section>"
+    )
+
+
+def details_section(report: Report) -> str:
+    env = "".join(
+        f'<tr><th scope="row">{esc(k)}</th><td><span class="mono">{esc(plain(v))}'
+        "</span></td></tr>"
+        for k, v in report.environment.items()
+    )
+    spec = json.dumps(report.spec.model_dump(mode="json"), indent=2)
+    return (
+        '<section id="details"><h2>Run details</h2>'
+        f"<details><summary>Environment</summary><table>{env}</table></details>"
+        f"<details><summary>Spec (every default filled in)</summary><pre>{esc(spec)}</pre>"
+        "</details></section>"
+    )
+
+
+def summary_section(report: Report) -> str:
+    cols = [Col("direction"), Col("objective"), Col("standard", True),
+            Col("invariance-aware", True), Col("drop", True)]
+    rows = [
+        [DIRECTION_LABEL[line.direction], line.objective,
+         fmt(line.standard) if line.standard is not None else "—",
+         fmt(line.invariance_aware) if line.invariance_aware is not None else "—",
+         fmt(line.drop) if line.drop is not None else "—"]
+        for line in view.summary_lines(report)
+    ]
+    overall = esc(view.overall_line(report, PROTOCOL_LABEL))
+    return (
+        '<section id="summary"><h2>Summary</h2>'
+        "<p>Mean agreement over stitch points (rAuA). The drop is standard minus "
+        "invariance-aware: how much of the standard score came from features the end model "
+        "does not share with the front model.</p>"
+        + table(cols, rows, "summary-table")
+        + f"<p>Per protocol, weaker direction: {overall}.</p></section>"
+    )

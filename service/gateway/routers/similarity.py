@@ -1,0 +1,135 @@
+"""POST /similarity: read the body (JSON, or multipart with the two checkpoint files), then
+hand it to the core's submit workflow (stitchsim_service.core.submit)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Depends, Header, Request, Response
+from stitchsim.jsondepth import MAX_JSON_DEPTH, nested_deeper_than
+from stitchsim.models import ErrorBody, JobCreated
+from stitchsim_service.core.context import Context
+from stitchsim_service.core.errors import DomainError
+from stitchsim_service.core.metrics import JOBS_REJECTED
+from stitchsim_service.core.submit import submit_job
+from stitchsim_service.gateway.deps import get_ctx, get_owner
+from stitchsim_service.gateway.errors import status_of
+from stitchsim_service.gateway.uploads import UploadedFile, UploadReceiver, validate_safetensors
+
+router = APIRouter(tags=["similarity"])
+
+_SPEC_SCHEMA = {"$ref": "#/components/schemas/Spec"}
+SUBMIT_OPENAPI: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": _SPEC_SCHEMA},
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "front": {"type": "string", "format": "binary",
+                                  "description": "front model, .safetensors"},
+                        "back": {"type": "string", "format": "binary",
+                                 "description": "back model, .safetensors"},
+                        "spec": {"type": "string",
+                                 "description": "the spec as JSON; its front/back checkpoint "
+                                                "fields are filled from the files"},
+                    },
+                }
+            },
+        },
+    }
+}
+
+
+def _parse_json(text: str, what: str) -> Any:
+    # Refused up front: past ~100 levels the parser, pydantic's serializer and json.dumps each
+    # give up with an exception of their own (a 500).
+    too_deep = DomainError("bad_request",
+                           f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise DomainError("bad_request", f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise too_deep from None
+    if nested_deeper_than(value, MAX_JSON_DEPTH):
+        raise too_deep
+    return value
+
+
+async def _read_json_body(request: Request, limit: int) -> Any:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise DomainError("too_large", f"the JSON body is larger than {limit} bytes",
+                              {"limit_bytes": limit})
+        chunks.append(chunk)
+    if size == 0:
+        raise DomainError("bad_request", "the body is empty; send the spec as JSON")
+    return _parse_json(b"".join(chunks).decode("utf-8", "replace"), "the body")
+
+
+async def _read_body(request: Request, ctx: Context) -> tuple[Any, dict[str, UploadedFile]]:
+    """The spec as sent, and the checkpoint files sent with it (validated headers)."""
+    ctype = request.headers.get("content-type", "")
+    if ctype.startswith("multipart/form-data"):
+        receiver = UploadReceiver(request, ctx.settings, file_fields={"front", "back"},
+                                  text_fields={"spec"})
+        await receiver.receive_multipart()
+        try:
+            raw = _parse_json(receiver.texts.get("spec", "{}"), "the spec field")
+            for side, up in receiver.files.items():
+                await validate_safetensors(up, ctx.settings, f"the {side} checkpoint")
+        except BaseException:
+            receiver.cleanup()
+            raise
+        return raw, receiver.files
+    if ctype.startswith("application/json"):
+        raw = await _read_json_body(request, ctx.settings.max_spec_bytes)
+        if isinstance(raw, dict) and set(raw) == {"spec"}:
+            raw = raw["spec"]
+        return raw, {}
+    raise DomainError(
+        "unsupported_media_type",
+        "send the spec as application/json (with checkpoint ids), or multipart/form-data "
+        "with files 'front' and 'back' and a 'spec' JSON field",
+    )
+
+
+@router.post(
+    "/similarity",
+    status_code=202,
+    response_model=JobCreated,
+    responses={s: {"model": ErrorBody} for s in (400, 401, 404, 409, 413, 415, 422, 429, 503)},
+    openapi_extra=SUBMIT_OPENAPI,
+    summary="Start a comparison of two checkpoints",
+    description="JSON: a Spec whose front/back name uploaded checkpoint ids. Multipart: files "
+    "`front` and `back` plus a `spec` JSON field. `Idempotency-Key` makes retries safe.",
+)
+async def submit(
+    request: Request,
+    response: Response,
+    ctx: Context = Depends(get_ctx),
+    owner: str = Depends(get_owner),
+    idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=255),
+) -> JobCreated:
+    files: dict[str, UploadedFile] = {}
+    try:
+        raw, files = await _read_body(request, ctx)
+        done = await to_thread.run_sync(submit_job, ctx, owner, raw, files, idempotency_key)
+    except DomainError as exc:
+        JOBS_REJECTED.labels(str(status_of(exc))).inc()
+        raise
+    finally:
+        for up in files.values():
+            up.discard()
+    url = f"/jobs/{done.job_id}"
+    response.headers["Location"] = url
+    response.headers["Retry-After"] = str(ctx.settings.poll_after_s)
+    return JobCreated(job_id=done.job_id, status_url=url)
