@@ -1,7 +1,8 @@
 """The built-in datasets: one catalogue that the gateway lists (GET /datasets), the spec
 validates against and the engine describes its data with. The engine generates them (no
-download); the figures here are what it generates: scikit-learn's 1797 digits in a fixed,
-stratified 80/20 split, as 3 x 32 x 32 images in [0, 1], 10 classes."""
+download); the figures here are what it generates: scikit-learn's 1797 digits (or 2000
+synthetic shapes) in a fixed, stratified 80/20 split, as 3 x 32 x 32 images in [0, 1],
+10 classes."""
 
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ BUILTIN: dict[str, BuiltinDataset] = {
                        "top-left corner (a pixel shortcut)"),
         BuiltinDataset("clustered_noise",
                        "one uniform-noise centre per class plus Gaussian noise (sigma 0.1)"),
+        BuiltinDataset("shapes", "ten geometric shapes (disc, ring, square, frame, triangle, "
+                       "plus, cross, bars, checkerboard) in random colours, places and sizes: "
+                       "a second task that shares nothing with digits", n_train=1600,
+                       n_test=400),
     )
 }
 

@@ -15,10 +15,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from stitchsim.datasets import BUILTIN_DATASETS as BUILTIN_DATASETS
 
 Objective = Literal["hlm", "slm", "dm", "fula"]
-Protocol = Literal["standard", "invariance_aware"]
+Protocol = Literal["standard", "invariance_aware", "adversarial", "cross_task"]
 Direction = Literal["front_to_back", "back_to_front"]
 Directions = Literal["front_to_back", "back_to_front", "both"]
 Control = Literal["clustered_noise", "identity", "shortcut"]
+Cue = Literal["pixel_specific", "pixel_rand", "rand_rand"]
+"""Unseen cues of the shortcut control: a class-coloured marker at a class-specific place, the
+same colours at a random place, random colours at random places (no class information)."""
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Verdict = Literal["similar", "dissimilar"]
 Preprocessing = Literal["auto", "timm", "none", "inception"]
@@ -33,6 +36,7 @@ OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
 PROTOCOLS: tuple[Protocol, ...] = get_args(Protocol)
 DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
 CONTROLS: tuple[Control, ...] = get_args(Control)
+CUES: tuple[Cue, ...] = get_args(Cue)
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 ACTIVE_STATES: tuple[JobState, ...] = ("queued", "running")
 TERMINAL_STATES: tuple[JobState, ...] = tuple(s for s in JOB_STATES if s not in ACTIVE_STATES)
@@ -122,6 +126,10 @@ class IRISettings(_Strict):
 class ControlSettings(_Strict):
     noise_sigmas: list[float] = Field(default=[0.1, 0.3], min_length=1, max_length=10)
     shortcut_marker: int = Field(default=4, ge=1, le=32, description="marker side in pixels")
+    cues: list[Cue] = Field(
+        default=list(get_args(Cue)), min_length=1,
+        description="unseen cues the shortcut control paints (rand_rand is the ~0 control)",
+    )
 
     @field_validator("noise_sigmas")
     @classmethod
@@ -131,11 +139,41 @@ class ControlSettings(_Strict):
         return v
 
 
+class AdversarialSettings(_Strict):
+    """PGD L-inf in [0,1] pixel units (each model's preprocessing applies after it), as in the
+    invariance-aware paper's code: epsilon 8/255, step 2/255, 10 steps, no random start."""
+
+    epsilon: float = Field(default=8 / 255, gt=0, le=1)
+    step_size: float = Field(default=2 / 255, gt=0, le=1)
+    steps: int = Field(default=10, ge=0, le=200)
+    random_start: bool = False
+    alpha: float = Field(
+        default=0.5, ge=0, le=1,
+        description="adversarial protocol: the fraction of each stitch-training batch replaced "
+        "by PGD inputs crafted against the stitched model",
+    )
+    evaluate: bool = Field(
+        default=False,
+        description="also evaluate every row on PGD test inputs crafted against the stitched "
+        "model (robust agreement beside the clean one)",
+    )
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+
 class Spec(_Strict):
     front: ModelRef
     back: ModelRef
     dataset: str | LocalPath = Field(
         default="digits", description="built-in name, uploaded dataset id, or {path} in run"
+    )
+    front_dataset: str | LocalPath | None = Field(
+        default=None,
+        description="cross_task protocol: the front model's own dataset (the back model's is "
+        "`dataset`); both need the same number of classes, paired by `class_pairing`",
+    )
+    class_pairing: list[int] | None = Field(
+        default=None, max_length=10_000,
+        description="cross_task: back-model class of each front-model class (default: by index)",
     )
     layers: list[LayerPair] | Literal["auto"] = "auto"
     objectives: list[Objective] = Field(default=["slm"], min_length=1)
@@ -145,6 +183,7 @@ class Spec(_Strict):
     iri: IRISettings = IRISettings()
     controls: list[Control] = Field(default=[])
     control_settings: ControlSettings = ControlSettings()
+    adversarial: AdversarialSettings = AdversarialSettings()
     threshold: float | None = Field(default=None, ge=0, le=1)
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -153,6 +192,14 @@ class Spec(_Strict):
     def _some_layers(cls, v: Any) -> Any:
         if isinstance(v, list) and not 1 <= len(v) <= 64:
             raise ValueError("layers must hold between 1 and 64 stitch pairs, or be 'auto'")
+        return v
+
+    @field_validator("class_pairing")
+    @classmethod
+    def _a_permutation(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and sorted(v) != list(range(len(v))):
+            raise ValueError("class_pairing must list each back-model class exactly once "
+                             "(a permutation of 0..n-1)")
         return v
 
     @field_validator("objectives", "protocols", "controls")
@@ -187,6 +234,18 @@ class IRIStats(BaseModel):
     )
 
 
+class RobustStats(BaseModel):
+    """The stitched and the back model on PGD test inputs crafted against the stitched one."""
+
+    agreement: float
+    agreement_ci: tuple[float, float]
+    hard_agreement: float
+    accuracy: float = Field(description="the stitched model's accuracy on the attacked inputs")
+    back_accuracy: float = Field(description="the back model's accuracy on the same inputs")
+    epsilon: float
+    steps: int
+
+
 class ResultRow(BaseModel):
     direction: Direction
     front_layer: str
@@ -210,6 +269,10 @@ class ResultRow(BaseModel):
     sigma: float | None = None
     excessive_agreement: float | None = None
     rolled_agreement: float | None = None
+    cue: Cue | None = Field(default=None, description="shortcut control: the unseen cue")
+    robust: RobustStats | None = Field(
+        default=None, description="with adversarial.evaluate: figures on attacked test inputs"
+    )
 
 
 class PreprocessCandidate(BaseModel):
@@ -271,6 +334,19 @@ class DropRow(BaseModel):
     drop: float
 
 
+class ExcessRow(BaseModel):
+    """The shortcut control's excessive agreement, maximised over stitch points as the paper
+    reports it."""
+
+    direction: Direction
+    cue: Cue
+    protocol: Protocol
+    objective: Objective
+    max_excessive_agreement: float
+    front_layer: str = Field(description="the stitch point of the maximum")
+    back_layer: str
+
+
 class Summary(BaseModel):
     rows: list[SummaryRow]
     by_direction: dict[str, dict[str, float]] = Field(
@@ -289,6 +365,9 @@ class Summary(BaseModel):
     drops: list[DropRow] = Field(
         default=[], description="per direction and objective: the mean over stitch points "
         "(layers null), then each stitch point; only when both protocols ran"
+    )
+    excessive_agreement: list[ExcessRow] = Field(
+        default=[], description="shortcut control: maximum over stitch points per cue"
     )
 
 
@@ -309,6 +388,9 @@ class Report(BaseModel):
         default=[], description="what the verdict's figure rests on that weakens it"
     )
     warnings: list[str] = []
+    notes: list[str] = Field(
+        default=[], description="how to read figures of this job (e.g. cross-task pairing)"
+    )
     environment: dict[str, Any] = {}
 
 

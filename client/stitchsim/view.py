@@ -28,7 +28,12 @@ from stitchsim.models import (
     ResultRow,
 )
 
-PROTOCOL_LABEL: dict[str, str] = {"standard": "standard", "invariance_aware": "invariance-aware"}
+PROTOCOL_LABEL: dict[str, str] = {
+    "standard": "standard",
+    "invariance_aware": "invariance-aware",
+    "adversarial": "adversarial",
+    "cross_task": "cross-task",
+}
 DIRECTION_LABEL: dict[str, str] = {"front_to_back": "front → back", "back_to_front": "back → front"}
 DIRECTION_ASCII: dict[str, str] = {"front_to_back": "front->back", "back_to_front": "back->front"}
 OBJECTIVE_LABEL: dict[str, str] = {
@@ -40,7 +45,12 @@ OBJECTIVE_LABEL: dict[str, str] = {
 CONTROL_LABEL: dict[str, str] = {
     "identity": "identity",
     "clustered_noise": "clustered noise",
-    "shortcut": "pixel shortcut",
+    "shortcut": "unseen cues",
+}
+CUE_LABEL: dict[str, str] = {
+    "pixel_specific": "class colour, class place",
+    "pixel_rand": "class colour, random place",
+    "rand_rand": "random colour, random place",
 }
 PREPROCESS_SOURCE_LABEL: dict[str, str] = {
     "spec": "set in the spec",

@@ -175,23 +175,28 @@ def check_refs(ctx: Context, owner: str, spec: Spec, uploaded: set[str]) -> None
         if ref not in uploaded and objects.owned(ctx, owner, "checkpoints", ref) is None:
             raise NotFoundError(f"{side} checkpoint", ref, {"field": field},
                                 hint="; upload it with POST /checkpoints")
-    ds = spec.dataset
+    _check_dataset_ref(ctx, owner, spec.dataset, "dataset")
+    if spec.front_dataset is not None:
+        _check_dataset_ref(ctx, owner, spec.front_dataset, "front_dataset")
+
+
+def _check_dataset_ref(ctx: Context, owner: str, ds: str | LocalPath, field: str) -> None:
     if isinstance(ds, LocalPath):
-        raise _local_path_refused("dataset", "the file", "POST /datasets")
+        raise _local_path_refused(field, "the file", "POST /datasets")
     if ds in BUILTIN:
         return
     if ds.startswith("sha256:"):
         try:
             parse_object_id(ds)
         except ValueError as exc:
-            raise _spec_error(f"dataset: {exc}", "dataset") from None
+            raise _spec_error(f"{field}: {exc}", field) from None
         if objects.owned(ctx, owner, "datasets", ds) is None:
-            raise NotFoundError("dataset", ds, {"field": "dataset"},
+            raise NotFoundError("dataset", ds, {"field": field},
                                 hint="; upload it with POST /datasets")
         return
     raise _spec_error(
-        f"dataset: unknown dataset {ds!r}; use a built-in ({', '.join(BUILTIN)}) or "
-        "the id of a dataset you uploaded", "dataset", code="unknown_dataset")
+        f"{field}: unknown dataset {ds!r}; use a built-in ({', '.join(BUILTIN)}) or "
+        "the id of a dataset you uploaded", field, code="unknown_dataset")
 
 
 def check_spec(ctx: Context, spec_doc: dict[str, Any]) -> None:

@@ -15,7 +15,11 @@ from stitchsim_worker.engine.data import Dataset, load_dataset
 from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.models import LoadedModel, meta_model
 from stitchsim_worker.engine.network import Network
-from stitchsim_worker.engine.preparation import check_classes, pair_points_of
+from stitchsim_worker.engine.preparation import (
+    check_classes,
+    check_protocols,
+    pair_points_of,
+)
 from stitchsim_worker.engine.resources import Resources
 
 META = torch.device("meta")
@@ -32,7 +36,11 @@ def _network(spec: Spec, where: str, resources: Resources, data: Dataset) -> Net
 def check_spec(spec: Spec, *, resources: Resources) -> None:
     """Raises SpecError with what to fix; returns when the job can be prepared."""
     data = load_dataset(spec.dataset, resources, spec.train)
-    front = _network(spec, "front", resources, data)
+    front_data = None
+    if spec.front_dataset is not None:  # cross-task pairing: the front model's own task
+        front_data = load_dataset(spec.front_dataset, resources, spec.train)
+    check_protocols(spec, data, front_data)
+    front = _network(spec, "front", resources, front_data or data)
     back = _network(spec, "back", resources, data)
     if not pair_points_of(spec, front, back):
         raise SpecError("no stitch points could be paired between the two models",

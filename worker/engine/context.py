@@ -47,7 +47,11 @@ class JobContext:
     iri_cache: IRICache
     train_pixels: Bank = field(init=False)
     test_pixels: Bank = field(init=False)
-    test_logits: dict[str, Bank] = field(init=False)
+    test_logits: dict[str, Bank] = field(init=False)  # each model on the test split
+    # Each model's own task (they differ only in cross-task pairing): its train and test
+    # pixels, and its logits on its own test split (its accuracy).
+    own_pixels: dict[str, tuple[Bank, Bank]] = field(init=False)
+    own_test_logits: dict[str, Bank] = field(init=False)
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
@@ -60,12 +64,18 @@ class JobContext:
                   IRICache(resources.cache_dir))
         ctx.train_pixels = ctx.bank(prep.data.train.images)
         ctx.test_pixels = ctx.bank(prep.data.test.images)
-        ctx.test_logits = {
-            net.where: ctx.compute(ctx.test_pixels, lambda x, net=net: (net.logits(x),),
-                                   spec.train.batch_size)[0]
-            for net in (prep.front, prep.back)
-        }
+        ctx.test_logits = {net.where: ctx._logits(net, ctx.test_pixels)
+                           for net in (prep.front, prep.back)}
+        ctx.own_pixels = {w: (ctx.train_pixels, ctx.test_pixels) for w in ("front", "back")}
+        ctx.own_test_logits = dict(ctx.test_logits)
+        if prep.front_data is not None:
+            own = prep.front_data
+            ctx.own_pixels["front"] = (ctx.bank(own.train.images), ctx.bank(own.test.images))
+            ctx.own_test_logits["front"] = ctx._logits(prep.front, ctx.own_pixels["front"][1])
         return ctx
+
+    def _logits(self, net: Network, pixels: Bank) -> Bank:
+        return self.compute(pixels, lambda x: (net.logits(x),), self.spec.train.batch_size)[0]
 
     def close(self) -> None:
         self.banks.close()

@@ -9,9 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
 from stitchsim.models import Control, Direction, ResultRow, Spec
 from stitchsim_worker.engine.context import JobContext
-from stitchsim_worker.engine.data import add_marker, clustered_noise
+from stitchsim_worker.engine.cues import CUES
+from stitchsim_worker.engine.data import clustered_noise
 from stitchsim_worker.engine.fitting import (
     alignment_points,
     fit,
@@ -41,6 +43,15 @@ def register_control(entry: ControlEntry) -> ControlEntry:
         raise ValueError(f"control {entry.name!r} is registered twice")
     CONTROLS[entry.name] = entry
     return entry
+
+
+def controls_to_run(spec: Spec) -> list[str]:
+    """The spec's controls; cross-task pairing is only readable against the clustered-noise
+    floor, so that one runs whenever cross_task does."""
+    controls = list(spec.controls)
+    if "cross_task" in spec.protocols and "clustered_noise" not in controls:
+        controls.append("clustered_noise")
+    return controls
 
 
 def _once(_spec: Spec) -> int:
@@ -110,34 +121,42 @@ register_control(ControlEntry(
 ))
 
 
-# ---------------------------------------------------------------- shortcut: excessive agreement
+# ---------------------------------------------------------------- shortcut: the unseen-cue suite
+
+_CUE_SEED_OFFSET = 101
 
 
 def _shortcut(ctx: JobContext, direction: Direction) -> list[ResultRow]:
-    """A class-coloured marker during stitch training; at test time the right markers versus
-    markers rolled by one class. Agreement that follows the marker is excessive agreement."""
-    data, side = ctx.prep.data, ctx.spec.control_settings.shortcut_marker
-    k = data.n_classes
-    inputs = InputSet(ctx.bank(add_marker(data.train.images, data.train.labels, side)),
-                      data.train.labels, f"{data.digest}|marker{side}")
-    right_x = add_marker(data.test.images, data.test.labels, side)
-    rolled_x = add_marker(data.test.images, (data.test.labels + 1) % k, side)
+    """Each unseen cue painted onto the stitch-training inputs; at test time the right cues
+    versus cues rolled by one class. Agreement that follows the cue is excessive agreement."""
+    data, settings = ctx.prep.data, ctx.spec.control_settings
+    k, side = data.n_classes, settings.shortcut_marker
     rows = []
-    for cut in ctx.cuts(direction):
-        ctx.tracker.enter(f"control shortcut {cut.label}")
-        tests = [images_split(ctx, cut, x, data.test.labels) for x in (right_x, rolled_x)]
-        right, rolled = protocol_rows(ctx, cut, inputs, tests)
-        for r, q in zip(right, rolled, strict=True):
-            rows.append(r.model_copy(update={
-                "control": "shortcut", "rolled_agreement": q.agreement,
-                "excessive_agreement": r.agreement - q.agreement,
-            }))
+    for name in settings.cues:
+        cue = CUES[name]
+        seed = ctx.spec.train.seed + _CUE_SEED_OFFSET
+        g = torch.Generator().manual_seed(seed)
+        train_x = cue.mark(data.train.images, data.train.labels, k, side, g)
+        right_x = cue.mark(data.test.images, data.test.labels, k, side, g)
+        rolled_x = cue.mark(data.test.images, (data.test.labels + 1) % k, k, side, g)
+        inputs = InputSet(ctx.bank(train_x), data.train.labels,
+                          f"{data.digest}|cue:{name}:{side}:{seed}")
+        for cut in ctx.cuts(direction):
+            ctx.tracker.enter(f"control shortcut {name} {cut.label}")
+            tests = [images_split(ctx, cut, x, data.test.labels) for x in (right_x, rolled_x)]
+            right, rolled = protocol_rows(ctx, cut, inputs, tests, control="shortcut")
+            for r, q in zip(right, rolled, strict=True):
+                rows.append(r.model_copy(update={
+                    "cue": name, "rolled_agreement": q.agreement,
+                    "excessive_agreement": r.agreement - q.agreement,
+                }))
     return rows
 
 
 register_control(ControlEntry(
-    name="shortcut", label="shortcut marker",
-    description="a class-coloured marker during stitch training; excessive agreement is the "
-    "agreement with the right markers minus with markers rolled by one class",
-    run=_shortcut, runs=_once,
+    name="shortcut", label="unseen cues (shortcut)",
+    description="class markers neither model saw, painted onto the stitch-training inputs "
+    "(pixel_specific, pixel_rand, rand_rand); excessive agreement is the agreement with the "
+    "right markers minus with markers rolled by one class",
+    run=_shortcut, runs=lambda spec: len(spec.control_settings.cues),
 ))

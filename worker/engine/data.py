@@ -19,8 +19,10 @@ from stitchsim.files.errors import SafetensorsError
 from stitchsim.models import BUILTIN_DATASETS, LocalPath, TrainSettings
 from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.resources import Resources
+from stitchsim_worker.engine.shapes import make_shapes
 
 DIGITS_SIZE = 32
+SHAPES_SAMPLES = 2000
 # Bumped when a built-in generator changes, so cached IRIs of the old data are not reused.
 GENERATOR_VERSION = "1"
 _SPLIT_SEED = 0
@@ -156,8 +158,11 @@ def builtin(name: str) -> Dataset:
             "one with POST /datasets",
             code="unknown_dataset",
         )
-    grey, labels = _digits_grey()
-    images = _variant(name, grey, labels)
+    if name == "shapes":
+        images, labels = make_shapes(SHAPES_SAMPLES, seed=0)
+    else:
+        grey, labels = _digits_grey()
+        images = _variant(name, grey, labels)
     tr, te = _split(len(labels), labels)
     return Dataset(
         name=name,

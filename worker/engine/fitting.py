@@ -8,14 +8,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from stitchsim.models import Objective, Protocol, ResultRow
+import torch.nn.functional as F
+from stitchsim.models import Control, Objective, Protocol, ResultRow, RobustStats
+from stitchsim_worker.engine.attacks import pgd
+from stitchsim_worker.engine.bank import batches
 from stitchsim_worker.engine.context import EVAL_BATCH, Cut, JobContext
 from stitchsim_worker.engine.metrics import Figures, evaluate, seed_interval
 from stitchsim_worker.engine.objectives import OBJECTIVES
-from stitchsim_worker.engine.protocols import PROTOCOLS
+from stitchsim_worker.engine.protocols import PROTOCOLS, stitched
+from stitchsim_worker.engine.split import BackPart
 from stitchsim_worker.engine.splits import InputSet, Split
 from stitchsim_worker.engine.stitch import StitchLayer
-from stitchsim_worker.engine.train import FitTask, stitched_logits
+from stitchsim_worker.engine.train import Augment, FitTask, stitched_logits
 
 
 @dataclass
@@ -24,6 +28,8 @@ class Fit:
     loss: float  # mean over seeds
     stitch: str  # what T does, in words
     seconds: float
+    stitches: list[StitchLayer]  # the fitted T of each seed
+    back: BackPart
 
     def on(self, test: int) -> list[torch.Tensor]:
         """The stitched model's logits on one test split, per seed."""
@@ -39,23 +45,55 @@ def alignment_points(ctx: JobContext, cut: Cut) -> list[str]:
 
 
 def fit(ctx: JobContext, cut: Cut, objective: Objective, train: Split,
-        tests: list[Split]) -> Fit:
+        tests: list[Split], augment: Augment | None = None) -> Fit:
     """Train T for each seed on `train`; evaluate it on each of `tests`."""
     t0 = time.perf_counter()
     entry, settings = OBJECTIVES[objective], ctx.spec.train
     later = cut.g.later_stages(cut.j) if entry.aligns_later_points else []
     back = cut.g.back(cut.j, later)
     ctx.tracker.focus(objective=objective)
-    logits, losses, description = [], [], ""
+    logits, losses, stitches = [], [], []
     for s in range(settings.seeds):
         stitch = StitchLayer(cut.f.rep(cut.i), cut.g.rep(cut.j)).to(ctx.device)
-        description = stitch.describe()
         task = FitTask(stitch, back, train, settings, settings.seed + s, ctx.device,
-                       ctx.tracker.step, ctx.tracker.should_cancel)
+                       ctx.tracker.step, ctx.tracker.should_cancel, augment)
         losses.append(entry.fit(task))
+        stitches.append(stitch)
         logits.append([stitched_logits(stitch, back, t, EVAL_BATCH, ctx.device) for t in tests])
     ctx.tracker.focus(objective=None)
-    return Fit(logits, float(np.mean(losses)), description, time.perf_counter() - t0)
+    return Fit(logits, float(np.mean(losses)), stitches[0].describe(),
+               time.perf_counter() - t0, stitches, back)
+
+
+def robust_stats(ctx: JobContext, cut: Cut, result: Fit, test: Split) -> RobustStats:
+    """The stitched and the back model on PGD test inputs crafted against the stitched one
+    (cross-entropy against the labels), averaged over seeds."""
+    settings, seed = ctx.spec.adversarial, ctx.spec.train.seed
+    assert test.pixels is not None
+    evals = []
+    for stitch in result.stitches:
+        h = stitched(cut, stitch, result.back)
+        gen = torch.Generator().manual_seed(settings.seed)
+        h_out, g_out = [], []
+        for idx in batches(len(test), EVAL_BATCH):
+            ctx.check_cancel()
+            x, y = test.pixels[idx].to(ctx.device), test.labels[idx].to(ctx.device)
+            x_adv = pgd(lambda z, y=y, h=h: F.cross_entropy(h(z), y, reduction="sum"), x,
+                        settings, gen)
+            with torch.no_grad():
+                h_out.append(h(x_adv).float().cpu())
+                g_out.append(cut.g.logits(x_adv).float().cpu())
+            ctx.tracker.step(settings.steps)
+        evals.append(evaluate(torch.cat(h_out), torch.cat(g_out), test.labels, seed=seed))
+    values = {k: seed_interval([getattr(e.figures, k) for e in evals])
+              for k in ("agreement", "hard_agreement", "accuracy")}
+    ci = evals[0].ci["agreement"] if len(evals) == 1 else values["agreement"][1]
+    return RobustStats(
+        agreement=values["agreement"][0], agreement_ci=ci,
+        hard_agreement=values["hard_agreement"][0], accuracy=values["accuracy"][0],
+        back_accuracy=float(np.mean([e.back_accuracy for e in evals])),
+        epsilon=settings.epsilon, steps=settings.steps,
+    )
 
 
 def make_row(ctx: JobContext, cut: Cut, objective: Objective, protocol: Protocol,
@@ -70,13 +108,14 @@ def make_row(ctx: JobContext, cut: Cut, objective: Objective, protocol: Protocol
         values, ci = {}, {}
         for k in Figures.names():
             values[k], ci[k] = seed_interval([getattr(e.figures, k) for e in evals])
+    back_accuracy = evals[0].back_accuracy if test.back_accuracy is None else test.back_accuracy
     return ResultRow(
         direction=cut.direction, front_layer=cut.pair[0], back_layer=cut.pair[1],
         objective=objective, protocol=protocol,
         agreement=values["agreement"], agreement_ci=ci["agreement"],
         hard_agreement=values["hard_agreement"], hard_agreement_ci=ci["hard_agreement"],
         accuracy=values["accuracy"], accuracy_ci=ci["accuracy"],
-        stitching_penalty=evals[0].back_accuracy - values["accuracy"],
+        stitching_penalty=back_accuracy - values["accuracy"],
         error_consistency=values["error_consistency"],
         error_consistency_ci=ci["error_consistency"],
         train_loss=result.loss, seconds=result.seconds, stitch=result.stitch, **extra,
@@ -84,19 +123,30 @@ def make_row(ctx: JobContext, cut: Cut, objective: Objective, protocol: Protocol
 
 
 def protocol_rows(ctx: JobContext, cut: Cut, inputs: InputSet, tests: list[Split],
-                  **extra: Any) -> list[list[ResultRow]]:
-    """Every protocol and objective for one cut; rows[k] holds each fit evaluated on tests[k]."""
+                  *, control: Control | None = None, **extra: Any) -> list[list[ResultRow]]:
+    """Every protocol and objective for one cut; rows[k] holds each fit evaluated on tests[k]
+    (a protocol with a test split of its own is evaluated on that one instead)."""
     rows: list[list[ResultRow]] = [[] for _ in tests]
     points = alignment_points(ctx, cut)
+    robust = ctx.spec.adversarial.evaluate and control is None
     for protocol in ctx.spec.protocols:
+        entry = PROTOCOLS[protocol]
+        if control is not None and not entry.in_controls:
+            continue
         ctx.tracker.focus(point=cut.label, protocol=protocol)
-        train, stats = PROTOCOLS[protocol].train_split(ctx, cut, inputs, points)
+        train, stats = entry.train_split(ctx, cut, inputs, points)
+        own = [entry.test_split(ctx, cut)] * len(tests) if entry.test_split else tests
+        augment = entry.augment(ctx, cut, points) if entry.augment else None
         ctx.tracker.enter(f"train {cut.label} {protocol}")
         for objective in ctx.spec.objectives:
-            result = fit(ctx, cut, objective, train, tests)
-            for k, test in enumerate(tests):
+            result = fit(ctx, cut, objective, train, own, augment)
+            attacked = None
+            if robust and entry.test_split is None:
+                attacked = robust_stats(ctx, cut, result, own[0])
+            for k, test in enumerate(own):
                 rows[k].append(make_row(ctx, cut, objective, protocol, result.on(k), test,
-                                        result, iri=stats, **extra))
+                                        result, iri=stats, control=control,
+                                        robust=attacked if k == 0 else None, **extra))
     return rows
 
 

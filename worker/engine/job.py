@@ -11,7 +11,7 @@ import timm
 import torch
 from stitchsim.models import Direction, ModelSummary, Report, ResultRow, Spec, Summary
 from stitchsim_worker.engine.context import JobContext
-from stitchsim_worker.engine.controls import CONTROLS
+from stitchsim_worker.engine.controls import CONTROLS, controls_to_run
 from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.errors import EngineFailure, passes_through
 from stitchsim_worker.engine.fitting import protocol_rows, training_inputs
@@ -57,7 +57,7 @@ def run_job(
         try:
             directions = spec.direction_list()
             results = [row for d in directions for row in compare(ctx, d)]
-            controls = [row for c in spec.controls for d in directions
+            controls = [row for c in controls_to_run(spec) for d in directions
                         for row in CONTROLS[c].run(ctx, d)]
         finally:
             ctx.close()
@@ -80,8 +80,8 @@ def run_job(
 def _model_summary(
     ctx: JobContext, net: Network, points: list[str]
 ) -> ModelSummary:
-    data, seed = ctx.prep.data, ctx.spec.train.seed
-    acc, ci = accuracy_with_ci(ctx.test_logits[net.where].all(), data.test.labels, seed)
+    data, seed = ctx.prep.data_of(net), ctx.spec.train.seed
+    acc, ci = accuracy_with_ci(ctx.own_test_logits[net.where].all(), data.test.labels, seed)
     chance = 1.0 / data.n_classes
     return ModelSummary(
         checkpoint=str(ctx.identity(net)["checkpoint"]),
@@ -120,9 +120,10 @@ def _report(
     front = _model_summary(ctx, prep.front, [p[0] for p in prep.pairs])
     back = _model_summary(ctx, prep.back, [p[1] for p in prep.pairs])
     dataset = prep.data.describe()
-    warnings = [_chance_warning(m, where, str(dataset["id"]))
+    own = {"front": prep.data_of(prep.front).describe()["id"], "back": dataset["id"]}
+    warnings = [_chance_warning(m, where, str(own[where]))
                 for where, m in (("front", front), ("back", back)) if m.near_chance]
-    summary: Summary = summarise(spec, results)
+    summary: Summary = summarise(spec, results, controls)
     reason = withheld(spec, front, back)
     return Report(
         job_id=job_id,
@@ -137,8 +138,22 @@ def _report(
         verdict_reason=reason,
         verdict_caveats=verdict_caveats(summary, results),
         warnings=warnings + ctx.warnings,
+        notes=_notes(spec, prep),
         environment=_environment(device, tracker, spec.train.seed, seconds),
     )
+
+
+def _notes(spec: Spec, prep: Prepared) -> list[str]:
+    if prep.front_data is None:
+        return []
+    pairing = "by index" if spec.class_pairing is None else f"as given ({spec.class_pairing})"
+    return [
+        f"cross-task pairing: the front model's task is {prep.front_data.name}, the back "
+        f"model's {prep.data.name}; classes are paired {pairing}. A high cross_task accuracy "
+        "says the representations are compatible (a linear map makes one serve the other's "
+        "head), not that they mean the same: read it against the clustered-noise floor, the "
+        "accuracy that mere class clusters reach (Functional Alignment Can Mislead)."
+    ]
 
 
 def _environment(device: torch.device, tracker: Tracker, seed: int, seconds: float) -> dict:

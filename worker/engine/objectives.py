@@ -21,6 +21,7 @@ from stitchsim_worker.engine.train import (
     LossInputs,
     direct_matching_loss,
     init_least_squares,
+    refit_least_squares,
     train_stitch,
 )
 
@@ -92,8 +93,11 @@ def _adam(loss: LossFn, with_feats: bool = False) -> Callable[[FitTask], float]:
 
 
 def _closed_form(task: FitTask) -> float:
-    """dm's optimum for a linear T is the least-squares solution over the whole split."""
+    """dm's optimum for a linear T is the least-squares solution over the whole split (with
+    adversarial stitch training: solved again on inputs attacked against that solution)."""
     init_least_squares(task.stitch, task.split, len(task.split), LS_BATCH, task.device)
+    if task.augment is not None:
+        refit_least_squares(task, LS_BATCH)
     loss = direct_matching_loss(task.stitch, task.split, LS_BATCH, task.device)
     task.on_step(_one_pass(len(task.split), task.settings))
     return loss

@@ -17,11 +17,26 @@ from stitchsim_worker.engine.resources import CancelFn, Resources
 
 @dataclass
 class Prepared:
-    data: Dataset
+    data: Dataset  # the comparison's dataset (in cross-task pairing: the back model's task)
     front: Network
     back: Network
     pairs: list[tuple[str, str]]  # (front model point, back model point)
     ids: dict[str, dict[str, object]]  # per model: what identifies it (keys IRI caches)
+    front_data: Dataset | None = None  # cross_task: the front model's own task
+    pairing: torch.Tensor | None = None  # cross_task: back-model class of each front class
+
+    def data_of(self, net: Network) -> Dataset:
+        """The dataset a model was trained for (its own task in cross-task pairing)."""
+        if net.where == "front" and self.front_data is not None:
+            return self.front_data
+        return self.data
+
+    def classes_into(self, g: Network) -> torch.Tensor:
+        """Maps the other model's classes to g's (cross_task): the pairing, or its inverse."""
+        assert self.pairing is not None, "only cross-task jobs pair classes"
+        if g.where == "back":
+            return self.pairing
+        return torch.argsort(self.pairing)
 
 
 def _model(
@@ -33,6 +48,31 @@ def _model(
     model.net.to(device)
     model.choice = measure(model.choice, model.net, data.train.images, data.train.labels, device)
     return model, ckpt_id or f"sha256:{file_sha256(path)}"
+
+
+def check_protocols(spec: Spec, data: Dataset, front_data: Dataset | None) -> None:
+    """What the protocols need of the spec beyond its own validation."""
+    cross = "cross_task" in spec.protocols
+    if cross and front_data is None:
+        raise SpecError("the cross_task protocol needs front_dataset: the front model's own "
+                        "dataset (the back model's is `dataset`)")
+    if not cross and front_data is not None:
+        raise SpecError("front_dataset is only read by the cross_task protocol; add "
+                        "\"cross_task\" to protocols or drop front_dataset")
+    if not cross:
+        return
+    assert front_data is not None
+    if spec.objectives != ["hlm"]:
+        raise SpecError("cross_task stitches models of different tasks, so no back-model output "
+                        "exists for the front model's inputs: it trains with hard labels only; "
+                        'set objectives to ["hlm"]')
+    if front_data.n_classes != data.n_classes:
+        raise SpecError(f"cross_task pairs classes one to one, but front_dataset has "
+                        f"{front_data.n_classes} classes and dataset {data.n_classes}",
+                        code="class_mismatch")
+    if spec.class_pairing is not None and len(spec.class_pairing) != data.n_classes:
+        raise SpecError(f"class_pairing lists {len(spec.class_pairing)} classes; both datasets "
+                        f"have {data.n_classes}")
 
 
 def check_classes(model: LoadedModel, data: Dataset, where: str) -> None:
@@ -72,12 +112,21 @@ def prepare(
             raise JobCancelled()
 
     data = load_dataset(spec.dataset, resources, spec.train)
+    front_data = None
+    if spec.front_dataset is not None:
+        front_data = load_dataset(spec.front_dataset, resources, spec.train)
+    check_protocols(spec, data, front_data)
+    own = {"front": front_data or data, "back": data}
     networks, ids = {}, {}
     for where in ("front", "back"):
         check_cancel()
-        model, ckpt = _model(getattr(spec, where), where, resources, data, device)
-        networks[where] = Network(model, data.image_size, device, where)
+        model, ckpt = _model(getattr(spec, where), where, resources, own[where], device)
+        networks[where] = Network(model, own[where].image_size, device, where)
         ids[where] = _identity(model, ckpt)
     check_cancel()
     front, back = networks["front"], networks["back"]
-    return Prepared(data, front, back, pair_points_of(spec, front, back), ids)
+    pairing = None
+    if front_data is not None:
+        pairing = torch.tensor(spec.class_pairing or list(range(data.n_classes)))
+    return Prepared(data, front, back, pair_points_of(spec, front, back), ids, front_data,
+                    pairing)

@@ -12,10 +12,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+import torch.nn.functional as F
 from stitchsim.models import IRIStats, Protocol, Spec
 from stitchsim_worker.engine import iri
+from stitchsim_worker.engine.attacks import pgd
+from stitchsim_worker.engine.bank import Bank
 from stitchsim_worker.engine.context import Cut, JobContext
+from stitchsim_worker.engine.errors import SpecError
+from stitchsim_worker.engine.split import BackPart
 from stitchsim_worker.engine.splits import InputSet, Split, train_split
+from stitchsim_worker.engine.stitch import StitchLayer
+from stitchsim_worker.engine.train import Augment, Batch
 
 TrainSplitFn = Callable[[JobContext, Cut, InputSet, list[str]], tuple[Split, IRIStats | None]]
 
@@ -29,6 +37,12 @@ class ProtocolEntry:
     """(ctx, cut, training inputs, back alignment points) -> split to fit T on, and stats."""
     cost: Callable[[Spec, int], int]
     """Work units it adds to one stitch on n training samples, beyond fitting."""
+    augment: Callable[[JobContext, Cut, list[str]], Augment] | None = None
+    """Rewrites each training batch against the stitch being trained (adversarial)."""
+    test_split: Callable[[JobContext, Cut], Split] | None = None
+    """Its own test split, when it is not the comparison's (cross-task pairing)."""
+    in_controls: bool = True
+    """Whether the controls (identity, shortcut) run it too."""
 
 
 PROTOCOLS: dict[str, ProtocolEntry] = {}
@@ -106,4 +120,129 @@ register_protocol(ProtocolEntry(
     description="T is trained on IRIs: inputs the front model cannot tell from the training "
     "inputs at the stitch point, towards the back model's own processing of the IRIs",
     train_split=_invariance_aware, cost=iri_units,
+))
+
+
+# ---------------------------------------------------------------- adversarial
+
+
+def stitched(cut: Cut, stitch: StitchLayer, back: BackPart) -> Callable[[torch.Tensor],
+                                                                         torch.Tensor]:
+    """h = g>j . T . f<=i on pixels (the hook path's back part reads the same pixels)."""
+    front = cut.f.front(cut.i)
+    return lambda x: back(stitch(front(x)), x)[0]
+
+
+def _adversarial_augment(ctx: JobContext, cut: Cut, points: list[str]) -> Augment:
+    """A fraction alpha of each batch becomes PGD inputs crafted against the stitched model,
+    with the front part's view and the back model's targets recomputed on them."""
+    settings = ctx.spec.adversarial
+    front, probe = cut.f.front(cut.i), cut.g.probe(points)
+    gen = torch.Generator().manual_seed(settings.seed)
+
+    def augment(stitch: StitchLayer, back: BackPart, b: Batch) -> Batch:
+        k = round(settings.alpha * len(b.labels))
+        if k == 0:
+            return b
+        assert b.pixels is not None
+        sel = torch.randperm(len(b.labels), generator=gen)[:k].to(b.labels.device)
+        h, labels = stitched(cut, stitch, back), b.labels[sel]
+        x_adv = pgd(lambda x: F.cross_entropy(h(x), labels, reduction="sum"), b.pixels[sel],
+                    settings, gen)
+        with torch.no_grad():
+            a_adv = front(x_adv)
+            g_logits, *g_feats = probe(x_adv)
+        ctx.tracker.step(settings.steps)
+
+        def swap(t: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+            t = t.clone()
+            t[sel] = new.to(t.dtype)
+            return t
+
+        return Batch(
+            inputs=swap(b.inputs, a_adv), pixels=swap(b.pixels, x_adv),
+            back_logits=swap(b.back_logits, g_logits), labels=b.labels,
+            back_feats=[swap(t, f) for t, f in zip(b.back_feats, g_feats, strict=False)],
+        )
+
+    return augment
+
+
+def _adversarial_cost(spec: Spec, n: int) -> int:
+    batches = math.ceil(n / spec.train.batch_size)
+    return spec.adversarial.steps * spec.train.epochs * batches * len(spec.objectives)
+
+
+register_protocol(ProtocolEntry(
+    name="adversarial", label="adversarial",
+    description="T is trained on the training split with a fraction alpha of each batch "
+    "replaced by PGD inputs crafted against the stitched model, towards the back model's "
+    "processing of the same adversarial inputs",
+    train_split=_standard, cost=_adversarial_cost, augment=_adversarial_augment,
+))
+
+
+# ---------------------------------------------------------------- cross-task pairing
+
+_ELSEWHERE = -30.0  # a logit whose softmax is ~1e-13: one-hot "predictions" of paired labels
+
+
+def _paired(ctx: JobContext, cut: Cut, split_name: str) -> tuple[torch.Tensor, Bank, Bank]:
+    """The front model's own images of one split, their labels paired into the back model's
+    classes, and for each a back-task image of the paired class (a random one, fixed by the
+    seed): what the back model would see in that class."""
+    own, other = ctx.prep.data_of(cut.f), ctx.prep.data_of(cut.g)
+    mine = getattr(own, split_name)
+    theirs = getattr(other, split_name)
+    labels = ctx.prep.classes_into(cut.g)[mine.labels]
+    g = torch.Generator().manual_seed(ctx.spec.train.seed)
+    partner = torch.empty(len(labels), dtype=torch.long)
+    for c in labels.unique():
+        pool = (theirs.labels == c).nonzero().flatten()
+        if len(pool) == 0:
+            raise SpecError(f"cross_task: the back model's dataset has no {split_name} sample "
+                            f"of class {int(c)}, which front class(es) are paired with")
+        where = (labels == c).nonzero().flatten()
+        partner[where] = pool[torch.randint(0, len(pool), (len(where),), generator=g)]
+    pixels = ctx.own_pixels[cut.f.where][0 if split_name == "train" else 1]
+    return labels, pixels, ctx.bank(theirs.images[partner])
+
+
+def _one_hot_logits(ctx: JobContext, labels: torch.Tensor, k: int) -> Bank:
+    logits = torch.full((len(labels), k), _ELSEWHERE)
+    logits[torch.arange(len(labels)), labels] = 0.0
+    return ctx.bank(logits)
+
+
+def _cross_task_train(
+    ctx: JobContext, cut: Cut, _inputs: InputSet, points: list[str]
+) -> tuple[Split, IRIStats | None]:
+    labels, pixels, partners = _paired(ctx, cut, "train")
+    front, probe = cut.f.front(cut.i), cut.g.probe([cut.j])
+    (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
+    # T's least-squares start maps the front model's view of its own images to the back
+    # model's tensor on images of the paired class.
+    _, feat = ctx.compute(partners, lambda x: (*probe(x),))
+    k = int(cut.g.model.num_classes)
+    return Split(inputs, labels, _one_hot_logits(ctx, labels, k), [feat], partners), None
+
+
+def _cross_task_test(ctx: JobContext, cut: Cut) -> Split:
+    labels, pixels, partners = _paired(ctx, cut, "test")
+    front = cut.f.front(cut.i)
+    (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
+    own = ctx.prep.data_of(cut.g).test
+    g_right = ctx.own_test_logits[cut.g.where].all().argmax(-1) == own.labels
+    k = int(cut.g.model.num_classes)
+    return Split(inputs, labels, _one_hot_logits(ctx, labels, k), [], partners,
+                 back_accuracy=float(g_right.float().mean()))
+
+
+register_protocol(ProtocolEntry(
+    name="cross_task", label="cross-task pairing",
+    description="front and back models of different tasks: T is trained with the front "
+    "model's own images and hard labels paired into the back model's classes; it measures "
+    "compatibility, not shared meaning (read it against the clustered-noise floor)",
+    train_split=_cross_task_train, cost=_no_cost, test_split=_cross_task_test,
+    in_controls=False,
 ))

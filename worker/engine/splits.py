@@ -22,6 +22,9 @@ class Split:
     # The network input x itself: a back part on the hook path runs g on x and swaps the
     # stitch tensor in; one on the graph path never reads it.
     pixels: Bank | None = None
+    # The back model's accuracy to set the stitched one against, when back_logits are not
+    # its own predictions (cross-task pairing: they are the paired labels).
+    back_accuracy: float | None = None
 
     def __len__(self) -> int:
         return self.inputs.n

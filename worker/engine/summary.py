@@ -7,8 +7,10 @@ from collections.abc import Iterable
 
 import numpy as np
 from stitchsim.models import (
+    Cue,
     Direction,
     DropRow,
+    ExcessRow,
     ModelSummary,
     Objective,
     Protocol,
@@ -49,10 +51,35 @@ def _drops(rows: list[ResultRow]) -> list[DropRow]:
     return out
 
 
-def summarise(spec: Spec, rows: list[ResultRow]) -> Summary:
+# Which protocol's figure the verdict uses, in order of preference: the invariance-aware one
+# sees what the standard one hides; cross-task pairing measures compatibility, not similarity.
+SIMILARITY_PREFERENCE: tuple[Protocol, ...] = (
+    "invariance_aware", "standard", "adversarial", "cross_task",
+)
+
+
+def _excess(controls: list[ResultRow]) -> list[ExcessRow]:
+    """The shortcut control's excessive agreement, maximised over stitch points."""
+    best: dict[tuple[Direction, Cue, Protocol, Objective], ResultRow] = {}
+    for r in controls:
+        if r.control != "shortcut" or r.cue is None or r.excessive_agreement is None:
+            continue
+        key = (r.direction, r.cue, r.protocol, r.objective)
+        if key not in best or r.excessive_agreement > best[key].excessive_agreement:  # type: ignore[operator]
+            best[key] = r
+    return [
+        ExcessRow(direction=d, cue=c, protocol=p, objective=o,
+                  max_excessive_agreement=float(r.excessive_agreement or 0.0),
+                  front_layer=r.front_layer, back_layer=r.back_layer)
+        for (d, c, p, o), r in best.items()
+    ]
+
+
+def summarise(spec: Spec, rows: list[ResultRow], controls: list[ResultRow] | None = None
+              ) -> Summary:
     """Mean agreement over stitch points (rAuA) per protocol, direction and objective; the
-    similarity is the invariance-aware figure when that protocol ran, else the standard one,
-    taken in the weaker direction."""
+    similarity is the invariance-aware figure when that protocol ran, else the standard one
+    (see SIMILARITY_PREFERENCE), taken in the weaker direction."""
     groups: dict[tuple[Protocol, Direction, Objective], list[float]] = {}
     for r in rows:
         groups.setdefault((r.protocol, r.direction, r.objective), []).append(r.agreement)
@@ -68,7 +95,7 @@ def summarise(spec: Spec, rows: list[ResultRow]) -> Summary:
         for protocol in spec.protocols
     }
     by_protocol = {protocol: min(means.values()) for protocol, means in by_direction.items()}
-    used: Protocol = "invariance_aware" if "invariance_aware" in by_protocol else "standard"
+    used = next(p for p in SIMILARITY_PREFERENCE if p in by_protocol)
     weaker = min(by_direction[used], key=by_direction[used].__getitem__)
     return Summary(
         rows=summary_rows,
@@ -79,6 +106,7 @@ def summarise(spec: Spec, rows: list[ResultRow]) -> Summary:
         weaker_direction=weaker,  # type: ignore[arg-type]
         threshold=spec.threshold,
         drops=_drops(rows),
+        excessive_agreement=_excess(controls or []),
     )
 
 

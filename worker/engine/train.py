@@ -34,6 +34,20 @@ class LossInputs(NamedTuple):
 LossFn = Callable[[LossInputs], torch.Tensor]
 
 
+class Batch(NamedTuple):
+    """One minibatch of a split on the device."""
+
+    inputs: torch.Tensor  # f<=i(x)
+    pixels: torch.Tensor | None  # x, when something needs it
+    back_logits: torch.Tensor
+    labels: torch.Tensor
+    back_feats: list[torch.Tensor]  # g_l(x) at the alignment points (when asked for)
+
+
+Augment = Callable[[StitchLayer, BackPart, Batch], Batch]
+"""Rewrites a training batch against the current stitch (adversarial stitch training)."""
+
+
 @dataclass
 class FitTask:
     """One stitch layer to fit on one split (one seed)."""
@@ -46,17 +60,33 @@ class FitTask:
     device: torch.device
     on_step: Callable[[int], None]
     should_cancel: Callable[[], bool]
+    augment: Augment | None = None
 
 
-def _device_batch(
-    split: Split, idx: torch.Tensor, device: torch.device, back: BackPart
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    # Only a back part on the hook path reads the network input; the graph path never does.
-    pixels = None
-    if back.needs_input:
-        assert split.pixels is not None, "a hook-path back part needs the split's pixels"
-        pixels = split.pixels[idx].to(device)
-    return split.inputs[idx].to(device), pixels
+def _batch(
+    split: Split, idx: torch.Tensor, device: torch.device, *, pixels: bool, feats: bool
+) -> Batch:
+    x = None
+    if pixels:
+        assert split.pixels is not None, "this batch needs the split's network input"
+        x = split.pixels[idx].to(device)
+    return Batch(
+        inputs=split.inputs[idx].to(device),
+        pixels=x,
+        back_logits=split.back_logits[idx].to(device),
+        labels=split.labels[idx].to(device),
+        back_feats=[b[idx].to(device) for b in split.back_feats] if feats else [],
+    )
+
+
+def _task_batch(task: FitTask, idx: torch.Tensor, feats: bool) -> Batch:
+    # Only a back part on the hook path reads the network input (and an augmentation that
+    # crafts new inputs); the graph path never does.
+    batch = _batch(task.split, idx, task.device, feats=feats or task.augment is not None,
+                   pixels=task.back.needs_input or task.augment is not None)
+    if task.augment is not None:
+        batch = task.augment(task.stitch, task.back, batch)
+    return batch
 
 
 def init_least_squares(
@@ -66,6 +96,18 @@ def init_least_squares(
     ls = LeastSquares(stitch)
     for idx in batches(min(n, len(split)), batch_size):
         ls.add(split.inputs[idx].to(device), split.back_feats[0][idx].to(device))
+    ls.solve()
+
+
+def refit_least_squares(task: FitTask, batch_size: int) -> None:
+    """The closed form again, on batches rewritten against the current T (one round of
+    adversarial inputs for dm, whose optimum has no training loop to put them into)."""
+    ls = LeastSquares(task.stitch)
+    for idx in batches(len(task.split), batch_size):
+        if task.should_cancel():
+            raise JobCancelled()
+        b = _task_batch(task, idx, feats=True)
+        ls.add(b.inputs, b.back_feats[0])
     ls.solve()
 
 
@@ -85,8 +127,7 @@ def direct_matching_loss(
 def train_stitch(task: FitTask, loss_fn: LossFn, with_feats: bool) -> float:
     """Adam with step decay x0.1 at 1/3 and 2/3 of training; returns the last epoch's mean loss.
     with_feats: the loss compares tensors at the alignment points, not only logits."""
-    settings, split, device = task.settings, task.split, task.device
-    n = len(split)
+    settings, n = task.settings, len(task.split)
     steps = settings.epochs * math.ceil(n / settings.batch_size)
     opt = torch.optim.Adam(
         task.stitch.parameters(), lr=settings.lr, weight_decay=settings.weight_decay
@@ -101,16 +142,12 @@ def train_stitch(task: FitTask, loss_fn: LossFn, with_feats: bool) -> float:
         for idx in batches(n, settings.batch_size, gen):
             if task.should_cancel():
                 raise JobCancelled()
-            a, pixels = _device_batch(split, idx, device, task.back)
-            z = task.stitch(a)
-            logits, later = task.back(z, pixels)
-            loss = loss_fn(LossInputs(
-                logits=logits,
-                back_logits=split.back_logits[idx].to(device),
-                labels=split.labels[idx].to(device),
-                feats=[z, *later],
-                back_feats=[b[idx].to(device) for b in split.back_feats] if with_feats else [],
-            ))
+            b = _task_batch(task, idx, with_feats)
+            z = task.stitch(b.inputs)
+            logits, later = task.back(z, b.pixels)
+            loss = loss_fn(LossInputs(logits=logits, back_logits=b.back_logits,
+                                      labels=b.labels, feats=[z, *later],
+                                      back_feats=b.back_feats if with_feats else []))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -128,7 +165,7 @@ def stitched_logits(
 ) -> torch.Tensor:
     out = []
     for idx in batches(len(split), batch_size):
-        a, pixels = _device_batch(split, idx, device, back)
-        logits, _ = back(stitch(a), pixels)
+        b = _batch(split, idx, device, pixels=back.needs_input, feats=False)
+        logits, _ = back(stitch(b.inputs), b.pixels)
         out.append(logits.float().cpu())
     return torch.cat(out)

@@ -41,6 +41,8 @@ BLACK = "#000000"
 PROTOCOL_STYLE: dict[str, dict[str, Any]] = {
     "standard": {"color": BLUE, "linestyle": "-", "marker": "o"},
     "invariance_aware": {"color": VERMILLION, "linestyle": "--", "marker": "s"},
+    "adversarial": {"color": ORANGE, "linestyle": "-.", "marker": "D"},
+    "cross_task": {"color": GREY, "linestyle": ":", "marker": "^"},
 }
 IRI_STATS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("start_median", "median at start",
