@@ -201,5 +201,6 @@ def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> dict[str,
                     "error_message": "the GPU ran out of memory; use a smaller batch size or "
                                      "fewer stitch points"}
         log.error("job %s failed:\n%s", claim.job_id, traceback.format_exc())
-        return {"state": "failed", "error_code": "engine_error",
-                "error_message": f"the engine failed unexpectedly: {type(exc).__name__}: {exc}"}
+        message = getattr(exc, "message", None) or (
+            f"the engine failed unexpectedly: {type(exc).__name__}: {exc}")
+        return {"state": "failed", "error_code": "engine_error", "error_message": message}

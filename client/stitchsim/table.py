@@ -60,20 +60,23 @@ def _layers(row: ResultRow) -> str:
 def results_lines(report: Report) -> list[str]:
     headers = ["direction", "stitch: from -> into", "objective", "protocol", "agreement [CI]",
                "hard agr", "accuracy", "penalty"]
+    robust = view.has_robust(report)
     rows = [
         [DIRECTION_ASCII[r.direction], _layers(r), r.objective, r.protocol,
          _with_ci(r.agreement, r.agreement_ci), fmt(r.hard_agreement), fmt(r.accuracy),
-         fmt_signed(r.stitching_penalty)]
+         fmt_signed(r.stitching_penalty), *([view.robust_agreement(r)] if robust else [])]
         for r in view.ordered(report.results)
     ]
-    return _align(headers, rows, numeric={4, 5, 6, 7})
+    return _align(headers + (["robust agr"] if robust else []), rows,
+                  numeric={4, 5, 6, 7, 8})
 
 
 def controls_lines(report: Report) -> list[str]:
     headers = ["control", "sigma", "direction", "stitch: from -> into", "objective", "protocol",
                "agreement [CI]", "hard agr", "accuracy", "excess agr"]
     rows = [
-        [c.control or "", f"{c.sigma:g}" if c.sigma is not None else "",
+        [(c.control or "") + (f":{c.cue}" if c.cue else ""),
+         f"{c.sigma:g}" if c.sigma is not None else "",
          DIRECTION_ASCII[c.direction], _layers(c), c.objective, c.protocol,
          _with_ci(c.agreement, c.agreement_ci), fmt(c.hard_agreement), fmt(c.accuracy),
          fmt(c.excessive_agreement) if c.excessive_agreement is not None else ""]
@@ -93,6 +96,17 @@ def summary_lines(report: Report) -> list[str]:
     ]
     headers = ["direction", "objective", "standard", "invariance_aware", "drop"]
     return _align(headers, rows, numeric={2, 3, 4})
+
+
+def excess_lines(report: Report) -> list[str]:
+    """The unseen-cue suite's excessive agreement, maximised over stitch points."""
+    headers = ["direction", "cue", "protocol", "objective", "max excess agr", "at"]
+    rows = [
+        [DIRECTION_ASCII[e.direction], e.cue, e.protocol, e.objective,
+         fmt(e.max_excessive_agreement), _clean(e.front_layer)]
+        for e in report.summary.excessive_agreement
+    ]
+    return _align(headers, rows, numeric={4})
 
 
 def verdict_line(report: Report) -> str:
@@ -131,6 +145,10 @@ def format_table(report: Report) -> str:
     lines += ["", "mean agreement over stitch points"] + summary_lines(report)
     if report.summary.by_protocol:
         lines.append(f"weaker direction: {view.overall_line(report)}")
+    if report.summary.excessive_agreement:
+        lines += ["", "excessive agreement (unseen cues), max over stitch points"]
+        lines += excess_lines(report)
+    lines += _notes("notes", report.notes)
     lines += _notes("warnings", report.warnings)
     reason = view.verdict_reason(report)
     if reason:

@@ -61,6 +61,20 @@ PREPROCESS_SOURCE_LABEL: dict[str, str] = {
 ROLES = ("front", "back")
 
 
+def control_name(row: ResultRow) -> str:
+    """A control's label, with its cue for the unseen-cue suite."""
+    name = CONTROL_LABEL.get(row.control or "", row.control or "")
+    return f"{name}: {CUE_LABEL.get(row.cue, row.cue)}" if row.cue else name
+
+
+def has_robust(report: Report) -> bool:
+    return any(r.robust is not None for r in report.results)
+
+
+def robust_agreement(row: ResultRow) -> str:
+    return fmt(row.robust.agreement) if row.robust is not None else ""
+
+
 # ------------------------------------------------------------------ figures in words
 
 

@@ -38,7 +38,7 @@ def test_package_names_resolve_lazily() -> None:
 
 def test_one_ordering_per_enumeration() -> None:
     assert models.OBJECTIVES == get_args(models.Objective) == ("hlm", "slm", "dm", "fula")
-    assert models.PROTOCOLS == get_args(models.Protocol)
+    assert get_args(models.Protocol) == models.PROTOCOLS
     assert models.PROTOCOLS[:2] == ("standard", "invariance_aware")
     assert models.DIRECTIONS == ("front_to_back", "back_to_front")
     assert get_args(models.Control) == models.CONTROLS

@@ -38,3 +38,29 @@ def test_an_engine_failure_names_where_it_happened(
     assert failure.value.code == "engine_error"
     assert failure.value.details["objective"] == "fula"
     assert "Traceback" in caplog.text and "_broken" in caplog.text  # for the operator
+
+
+def test_run_prints_the_message_keeps_the_traceback_in_a_file_and_exits_1(
+    ckpts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import argparse
+    import json
+
+    from stitchsim_worker.run_command import EXIT_FAILED, run_command
+
+    monkeypatch.setitem(OBJECTIVES, "fula", dataclasses.replace(OBJECTIVES["fula"], fit=_broken))
+    s = spec(ckpts.digits_resnet, ckpts.digits_resnet_b, objectives=["fula"],
+             protocols=["standard"], layers=layers("layer2"), train=QUICK)
+    spec_file = tmp_path / "spec.json"
+    spec_file.write_text(json.dumps(s.model_dump(mode="json", exclude_none=True)))
+    args = argparse.Namespace(spec=spec_file, out=None, quiet=True, cache_dir=tmp_path / "c")
+    handler = logging.StreamHandler()  # what `stitchsim-server`'s logging setup gives `run`
+    logging.getLogger().addHandler(handler)
+    try:
+        assert run_command(args) == EXIT_FAILED
+    finally:
+        logging.getLogger().removeHandler(handler)
+    err = capsys.readouterr().err
+    assert "error: the engine failed during train front_to_back layer2->layer2" in err
+    assert "Traceback" not in err and "traceback in" in err
+    assert "_broken" in (tmp_path / "c" / "failures.log").read_text()

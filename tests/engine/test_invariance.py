@@ -134,6 +134,7 @@ def test_both_directions_and_the_shortcut_control(ckpts, tmp_path: Path) -> None
         train=FAST,
         iri=FAST_IRI,
         controls=["shortcut", "identity"],
+        control_settings={"cues": ["pixel_specific"]},  # the whole suite: test_protocols.py
     )
     s = s.model_copy(update={"directions": "both"})
     report = run(s, tmp_path)
@@ -142,6 +143,7 @@ def test_both_directions_and_the_shortcut_control(ckpts, tmp_path: Path) -> None
         (d, p) for d in ("front_to_back", "back_to_front") for p in BOTH
     }
     shortcut = rows(report, control="shortcut", direction="front_to_back", protocol="standard")[0]
+    assert shortcut.cue == "pixel_specific"
     # The marker model's features carry the marker, so the stitch can follow it: rolled
     # markers then move the stitched output away from the back model's.
     assert shortcut.excessive_agreement > 0.3

@@ -21,6 +21,7 @@ from stitchsim_worker.engine.fitting import (
     protocol_rows,
     training_inputs,
 )
+from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.splits import InputSet, images_split, test_split, train_split
 from stitchsim_worker.engine.splits import with_inputs as split_with_inputs
 
@@ -35,14 +36,8 @@ class ControlEntry:
     """How many protocol runs' worth of work it costs per stitch pair, for the progress plan."""
 
 
-CONTROLS: dict[str, ControlEntry] = {}
-
-
-def register_control(entry: ControlEntry) -> ControlEntry:
-    if entry.name in CONTROLS:
-        raise ValueError(f"control {entry.name!r} is registered twice")
-    CONTROLS[entry.name] = entry
-    return entry
+CONTROLS: Registry[ControlEntry] = Registry("control")
+register_control = CONTROLS.register
 
 
 def controls_to_run(spec: Spec) -> list[str]:

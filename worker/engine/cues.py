@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+from stitchsim_worker.engine.registry import Registry
 
 # Marks `images` for `classes` (the label, or the label rolled by one class).
 MarkFn = Callable[[torch.Tensor, torch.Tensor, int, int, torch.Generator], torch.Tensor]
@@ -28,14 +29,8 @@ class Cue:
     """(images, classes, n_classes, marker side, generator) -> marked copy of images."""
 
 
-CUES: dict[str, Cue] = {}
-
-
-def register_cue(cue: Cue) -> Cue:
-    if cue.name in CUES:
-        raise ValueError(f"cue {cue.name!r} is registered twice")
-    CUES[cue.name] = cue
-    return cue
+CUES: Registry[Cue] = Registry("cue")
+register_cue = CUES.register
 
 
 @lru_cache(maxsize=8)

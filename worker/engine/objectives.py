@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from stitchsim.models import Objective, TrainSettings
 from stitchsim_worker.engine.metrics import relative_distance
+from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.train import (
     FitTask,
     LossFn,
@@ -42,14 +43,8 @@ class ObjectiveEntry:
     closed_form: bool = False
 
 
-OBJECTIVES: dict[str, ObjectiveEntry] = {}
-
-
-def register_objective(entry: ObjectiveEntry) -> ObjectiveEntry:
-    if entry.name in OBJECTIVES:
-        raise ValueError(f"objective {entry.name!r} is registered twice")
-    OBJECTIVES[entry.name] = entry
-    return entry
+OBJECTIVES: Registry[ObjectiveEntry] = Registry("objective")
+register_objective = OBJECTIVES.register
 
 
 def get_objective(name: str) -> ObjectiveEntry:

@@ -16,6 +16,9 @@ from stitchsim_worker.engine.protocols import PROTOCOLS
 def plan_units(spec: Spec, prep: Prepared) -> int:
     n_tr, n_te = len(prep.data.train), len(prep.data.test)
     per_fit = spec.train.seeds * sum(OBJECTIVES[o].cost(n_tr, spec.train) for o in spec.objectives)
+    if spec.adversarial.evaluate:  # PGD against each stitched model on the test split
+        per_fit += (spec.train.seeds * len(spec.objectives) * spec.adversarial.steps
+                    * math.ceil(n_te / EVAL_BATCH))
     per_protocol = [
         2 * math.ceil(n_tr / EVAL_BATCH) + per_fit + PROTOCOLS[p].cost(spec, n_tr)
         for p in spec.protocols

@@ -20,6 +20,7 @@ from stitchsim_worker.engine.attacks import pgd
 from stitchsim_worker.engine.bank import Bank
 from stitchsim_worker.engine.context import Cut, JobContext
 from stitchsim_worker.engine.errors import SpecError
+from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.split import BackPart
 from stitchsim_worker.engine.splits import InputSet, Split, train_split
 from stitchsim_worker.engine.stitch import StitchLayer
@@ -45,14 +46,8 @@ class ProtocolEntry:
     """Whether the controls (identity, shortcut) run it too."""
 
 
-PROTOCOLS: dict[str, ProtocolEntry] = {}
-
-
-def register_protocol(entry: ProtocolEntry) -> ProtocolEntry:
-    if entry.name in PROTOCOLS:
-        raise ValueError(f"protocol {entry.name!r} is registered twice")
-    PROTOCOLS[entry.name] = entry
-    return entry
+PROTOCOLS: Registry[ProtocolEntry] = Registry("protocol")
+register_protocol = PROTOCOLS.register
 
 
 # ---------------------------------------------------------------- standard

@@ -4,6 +4,7 @@ nothing may download weights."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,10 @@ import torch
 import torch.nn.functional as F
 from stitchsim_worker.engine.data import builtin
 from stitchsim_worker.engine.models import save_checkpoint
+
+# (model on pixels, pixels, labels) -> pixels to train on
+Perturb = Callable[[Callable[[torch.Tensor], torch.Tensor], torch.Tensor, torch.Tensor],
+                   torch.Tensor]
 
 
 def train_classifier(
@@ -23,8 +28,10 @@ def train_classifier(
     seed: int = 0,
     lr: float = 3e-3,
     batch_size: int = 64,
+    perturb: Perturb | None = None,
 ) -> tuple[torch.nn.Module, float]:
-    """Train from scratch on a built-in set; returns the model (eval mode) and test accuracy."""
+    """Train from scratch on a built-in set; returns the model (eval mode) and test accuracy.
+    `perturb` replaces each training batch (in pixels) before the step: adversarial training."""
     kwargs = {"num_classes": 10, **(arch_kwargs or {})}
     torch.manual_seed(seed)
     net = timm.create_model(arch, pretrained=False, **kwargs)
@@ -32,7 +39,7 @@ def train_classifier(
     cfg = timm.data.resolve_data_config({}, model=net)
     mean = torch.tensor(cfg["mean"]).view(1, 3, 1, 1)
     std = torch.tensor(cfg["std"]).view(1, 3, 1, 1)
-    x, y = (ds.train.images - mean) / std, ds.train.labels
+    pixels, y = ds.train.images, ds.train.labels
     opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
     steps = epochs * ((len(y) + batch_size - 1) // batch_size)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
@@ -40,7 +47,10 @@ def train_classifier(
     net.train()
     for _ in range(epochs):
         for idx in torch.randperm(len(y), generator=g).split(batch_size):
-            loss = F.cross_entropy(net(x[idx]), y[idx])
+            batch = pixels[idx]
+            if perturb is not None:
+                batch = perturb(lambda p: net((p - mean) / std), batch, y[idx])
+            loss = F.cross_entropy(net((batch - mean) / std), y[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()

@@ -35,6 +35,7 @@ def render_report_page(report: Report) -> str:
         sections.verdict_section(report),
         sections.near_chance_section(report),
         sections.warnings_section(report),
+        sections.notes_section(report),
         sections.models_section(report),
         sections.summary_section(report),
         sections.agreement_section(report, agreement),

@@ -11,7 +11,7 @@ from typing import Any
 from stitchsim import view
 from stitchsim.models import ModelSummary, Report, ResultRow
 from stitchsim.view import (
-    CONTROL_LABEL,
+    CUE_LABEL,
     DIRECTION_LABEL,
     PREPROCESS_SOURCE_LABEL,
     PROTOCOL_LABEL,
@@ -88,6 +88,16 @@ def warnings_section(report: Report) -> str:
         '<section class="warnings" id="warnings" aria-label="Warnings">'
         f"<strong>Warnings</strong><ul>{items}</ul></section>"
     )
+
+
+def notes_section(report: Report) -> str:
+    """What a protocol's figures mean (cross-task compatibility is not shared meaning)."""
+    if not report.notes:
+        return ""
+    items = "".join(f"<li>{esc(n)}</li>" for n in report.notes)
+    return (f'<section id="notes" aria-label="Notes"><strong>Read with care</strong>'
+            f"<ul>{items}</ul></section>")
+
 
 
 def _preprocess_row(role: str, m: ModelSummary) -> list[str]:
@@ -189,7 +199,7 @@ def controls_section(report: Report) -> str:
             Col("objective"), Col("protocol"), Col("agreement", True), Col("CI", True),
             Col("hard agr.", True), Col("accuracy", True), Col("excess agr.", True)]
     rows = [
-        [esc(CONTROL_LABEL.get(c.control or "", c.control or "")),
+        [esc(view.control_name(c)),
          f"{c.sigma:g}" if c.sigma is not None else "", DIRECTION_LABEL[c.direction],
          stitch_cell(c), c.objective, PROTOCOL_LABEL[c.protocol], fmt(c.agreement),
          fmt_ci(c.agreement_ci), fmt(c.hard_agreement), fmt(c.accuracy),
@@ -202,10 +212,29 @@ def controls_section(report: Report) -> str:
         "direction) stitched into itself at the same layer (expect agreement near 1). "
         "Clustered noise: one random centre per class plus Gaussian noise of scale σ, fed "
         "through the stitch into the end model; the agreement such a contentless input "
-        "reaches is the floor for reading a standard-protocol score.</p>"
+        "reaches is the floor for reading a standard-protocol score. Unseen cues: a class "
+        "marker neither model saw is painted onto the stitch-training inputs; excess agr. is "
+        "the agreement with the right markers minus with markers rolled by one class (the "
+        "random-colour cue carries no class and should give about 0).</p>"
         + table(cols, rows, "controls-table", wide=True)
+        + _excess_table(report)
         + "</section>"
     )
+
+
+def _excess_table(report: Report) -> str:
+    if not report.summary.excessive_agreement:
+        return ""
+    cols = [Col("direction"), Col("cue"), Col("protocol"), Col("objective"),
+            Col("max excess agr.", True), Col("at layer")]
+    rows = [
+        [DIRECTION_LABEL[e.direction], esc(CUE_LABEL.get(e.cue, e.cue)),
+         PROTOCOL_LABEL[e.protocol], e.objective, fmt(e.max_excessive_agreement),
+         code(e.front_layer)]
+        for e in report.summary.excessive_agreement
+    ]
+    return ("<p>Excessive agreement, the maximum over stitch points (as the unseen-cue paper "
+            "reports it):</p>" + table(cols, rows, "excess-table"))
 
 
 def iri_section(report: Report, plots: Sequence[Plot]) -> str:
@@ -242,6 +271,9 @@ def results_section(report: Report) -> str:
             Col("drop", True), Col("accuracy", True), Col("penalty", True),
             Col("error κ", True), Col("train loss", True), Col("seconds", True), Col("stitch")]
     drops = view.point_drops(report)
+    robust = view.has_robust(report)
+    if robust:
+        cols.insert(8, Col("robust agr.", True))
 
     def drop(r: ResultRow) -> str:
         # Shown once per stitch point and objective, on its invariance-aware row.
@@ -251,7 +283,8 @@ def results_section(report: Report) -> str:
     rows = [
         [DIRECTION_LABEL[r.direction], stitch_cell(r), r.objective,
          PROTOCOL_LABEL[r.protocol], fmt(r.agreement), fmt_ci(r.agreement_ci),
-         fmt(r.hard_agreement), drop(r), fmt(r.accuracy), fmt_signed(r.stitching_penalty),
+         fmt(r.hard_agreement), drop(r), *([view.robust_agreement(r)] if robust else []),
+         fmt(r.accuracy), fmt_signed(r.stitching_penalty),
          fmt(r.error_consistency), fmt(r.train_loss, 4), fmt(r.seconds, 1), esc(r.stitch)]
         for r in report.results
     ]
@@ -262,7 +295,10 @@ def results_section(report: Report) -> str:
         "direction, a back-model layer into a front-model layer). Drop: standard minus "
         "invariance-aware agreement at that point. Penalty: the receiving "
         "model's accuracy minus the stitched model's. Error κ: Cohen's kappa of the two being "
-        "right or wrong on the same samples.</p>"
+        "right or wrong on the same samples."
+        + (" Robust agr.: agreement on PGD test inputs crafted against the stitched model."
+           if robust else "")
+        + "</p>"
         + table(cols, rows, "results-table", wide=True)
         + "</section>"
     )

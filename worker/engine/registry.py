@@ -1,0 +1,28 @@
+"""Named entries, registered once, as timm registers its models: the objectives, protocols,
+controls and cues of the engine are each one registry of these."""
+
+from __future__ import annotations
+
+from typing import Protocol, TypeVar
+
+
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+E = TypeVar("E", bound=Named)
+
+
+class Registry(dict[str, E]):
+    """Entries by name; registering a name twice is a bug of ours, found at import."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    def register(self, entry: E) -> E:
+        if entry.name in self:
+            raise ValueError(f"{self.kind} {entry.name!r} is registered twice")
+        self[entry.name] = entry
+        return entry
