@@ -12,6 +12,9 @@ from stitchsim.models import MeasureRow, Report
 from tests.engine.jobs import FAST, FAST_IRI, layers, run, spec
 
 MEASURES = ["cka", "mutual_knn"]
+# IRIs of the test split (the paper's variant): the measures' own synthesis, on few samples.
+SMALL = {**FAST, "max_train_samples": 200, "max_test_samples": 200}
+TEST_IRIS = {"iri_split": "test"}
 
 
 def _one(rows: list[MeasureRow], **match: object) -> MeasureRow:
@@ -22,8 +25,9 @@ def _one(rows: list[MeasureRow], **match: object) -> MeasureRow:
 
 def _measured(ckpts, front: Path, back: Path, tmp_path: Path, **fields: object) -> Report:  # type: ignore[no-untyped-def]
     # dm is solved in closed form: the stitching costs next to nothing beside the IRIs.
-    s = spec(front, back, objectives=["dm"], protocols=["standard"], train=FAST,
-             iri=FAST_IRI, measures=MEASURES, **fields)
+    fields = {"train": SMALL, "measure_settings": TEST_IRIS, **fields}
+    s = spec(front, back, objectives=["dm"], protocols=["standard"], iri=FAST_IRI,
+             measures=MEASURES, **fields)
     return run(s, tmp_path)
 
 
@@ -36,7 +40,7 @@ def test_two_seeds_align_on_real_inputs_and_much_less_on_iris(ckpts, tmp_path: P
         assert real.value >= 0.8, layer
         assert real.value - iri.value >= 0.3, (layer, real.value, iri.value)
         assert real.ci[0] <= real.value <= real.ci[1] and iri.ci[0] <= iri.value <= iri.ci[1]
-        assert (real.split, iri.split, real.samples, iri.samples) == ("test", "train", 300, 300)
+        assert (real.split, iri.split, real.samples, iri.samples) == ("test", "test", 200, 200)
         knn_real = _one(report.measures, measure="mutual_knn", input="real", front_layer=layer)
         knn_iri = _one(report.measures, measure="mutual_knn", input="iri", front_layer=layer)
         assert knn_real.value - knn_iri.value >= 0.3
@@ -58,8 +62,10 @@ def test_two_seeds_align_on_real_inputs_and_much_less_on_iris(ckpts, tmp_path: P
 
 
 def test_a_model_with_itself_scores_one_on_real_inputs_and_on_iris(ckpts, tmp_path: Path) -> None:
+    tiny = {**FAST, "max_train_samples": 100, "max_test_samples": 100}
     report = _measured(ckpts, ckpts.digits_resnet, ckpts.digits_resnet, tmp_path,
-                       layers=layers("layer4"))
+                       layers=layers("layer4"), train=tiny,
+                       measure_settings={"batch_size": 100, **TEST_IRIS})
     assert len(report.measures) == 4
     for r in report.measures:
         assert r.value > 0.999, (r.measure, r.input, r.value)
@@ -67,7 +73,7 @@ def test_a_model_with_itself_scores_one_on_real_inputs_and_on_iris(ckpts, tmp_pa
 
 def test_both_conditionals_across_architectures(ckpts, tmp_path: Path) -> None:
     s = spec(ckpts.digits_resnet, ckpts.digits_vit, objectives=["dm"],
-             protocols=["invariance_aware"], train=FAST, iri=FAST_IRI, measures=["cka"],
+             protocols=["invariance_aware"], train=SMALL, iri=FAST_IRI, measures=["cka"],
              layers=[{"front": "layer3", "back": "blocks.3"}])
     report = run(s.model_copy(update={"directions": "both"}), tmp_path)
     by = {(r.direction, r.input): r for r in report.measures}
