@@ -18,6 +18,7 @@ from stitchsim_worker.engine.measures import (
     batching,
     estimate,
     knn_overlap,
+    measure,
     partition,
     prepare,
 )
@@ -227,4 +228,5 @@ def test_banks_of_feature_maps_are_flattened_and_batched(tmp_path) -> None:  # t
                           for p in parts])
     assert abs(est.value - direct) < 1e-5
     assert est.value > 0.999  # the same features, rotated: CKA does not see the change
+    assert measure("cka", x, y, settings, 0) == est  # the one-call form
     banks.close()

@@ -3,9 +3,10 @@
 A measure compares the two models' activations at one stitch pair on the same inputs, with
 nothing fitted: on the test split's real images, and on the front model's IRIs (both models'
 activations on them), which is what makes it invariance-aware. The activations are the ones
-the job already computes: f<=i on the test split (the test split of the stitch), g_j on IRIs
-(the invariance-aware protocol's training split); only g_j on the test split is one extra
-pass per stitch pair.
+the job already computes: f<=i on the test split (the test split of the stitch), f<=i and
+g_j on IRIs (the invariance-aware protocol's training split, subsampled to the test split's
+size); only g_j on the test split is one extra pass per stitch pair. Without that protocol,
+or with `iri_split: "test"`, the IRIs are made through the protocol's own entry (same cache).
 
 Every measure works on mini-batches of a fixed, seeded partition of the samples, so memory
 stays bounded on large test sets, and reports a 95% bootstrap interval over samples. Adding a
@@ -55,10 +56,6 @@ class Batching:
 
     batches: list[torch.Tensor]
     weights: list[torch.Tensor]
-
-    @property
-    def n(self) -> int:
-        return sum(len(b) for b in self.batches)
 
 
 @dataclass(frozen=True)
