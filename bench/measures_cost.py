@@ -64,6 +64,7 @@ def main() -> None:
         for path, seed in ((front, 0), (back, 1)):
             make_checkpoint(path, args.arch, "digits", seed=seed, epochs=3, lr=0.01)
         base_s, base = _timed(_spec(front, back, args), root / "cache-base")
+        print(f"job without measures: {base_s:8.1f} s", flush=True)
         spec = _spec(front, back, args, measures=["cka", "mutual_knn"],
                      measure_settings={"iri_split": args.iri_split})
         with_s, measured = _timed(spec, root / "cache-measures")
@@ -73,7 +74,6 @@ def main() -> None:
           f"{points} stitch points, both directions, slm, standard + invariance_aware, "
           f"{args.iri_steps} IRI steps, device {args.device}, IRIs for the measures: "
           f"{args.iri_split} split")
-    print(f"job without measures: {base_s:8.1f} s")
     print(f"job with measures:    {with_s:8.1f} s  ({len(measured.measures)} measure rows, "
           f"{len(measured.measure_controls)} control rows)")
     print(f"measures stage:       {stage:8.1f} s")
