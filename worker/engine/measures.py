@@ -351,6 +351,8 @@ class MeasureRun:
         the ceiling and the floor."""
         if not ctx.spec.measures:
             return
+        # The stage covers g_j's pass over the test split; IRIs made here have their own.
+        ctx.tracker.enter(f"measures {cut.label}")
         real = self._real_views(ctx, cut, test)
         iri = self._iri_views(ctx, cut, made)
         ctx.tracker.enter(f"measures {cut.label}")
