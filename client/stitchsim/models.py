@@ -19,6 +19,11 @@ Protocol = Literal["standard", "invariance_aware", "adversarial", "cross_task"]
 Direction = Literal["front_to_back", "back_to_front"]
 Directions = Literal["front_to_back", "back_to_front", "both"]
 Control = Literal["clustered_noise", "identity", "shortcut"]
+Measure = Literal["cka", "mutual_knn"]
+"""Representation similarity measures beside stitching (no fitting): linear CKA (unbiased,
+mini-batch HSIC) and mutual k-nearest-neighbour alignment."""
+MeasureInput = Literal["real", "iri"]
+"""What the measure's activations are of: real test images, or the front model's IRIs."""
 Cue = Literal["pixel_specific", "pixel_rand", "rand_rand"]
 """Unseen cues of the shortcut control: a class-coloured marker at a class-specific place, the
 same colours at a random place, random colours at random places (no class information)."""
@@ -37,6 +42,8 @@ PROTOCOLS: tuple[Protocol, ...] = get_args(Protocol)
 DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
 CONTROLS: tuple[Control, ...] = get_args(Control)
 CUES: tuple[Cue, ...] = get_args(Cue)
+MEASURES: tuple[Measure, ...] = get_args(Measure)
+MEASURE_INPUTS: tuple[MeasureInput, ...] = get_args(MeasureInput)
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 ACTIVE_STATES: tuple[JobState, ...] = ("queued", "running")
 TERMINAL_STATES: tuple[JobState, ...] = tuple(s for s in JOB_STATES if s not in ACTIVE_STATES)
@@ -160,6 +167,23 @@ class AdversarialSettings(_Strict):
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
 
 
+class MeasureSettings(_Strict):
+    """How the representation similarity measures are computed."""
+
+    batch_size: int = Field(
+        default=256, ge=16, le=8192,
+        description="samples per mini-batch: CKA accumulates unbiased HSIC over them, k-NN "
+        "finds neighbours within them, so memory stays bounded on large test sets",
+    )
+    knn_k: int = Field(default=10, ge=1, le=100, description="neighbours for mutual_knn")
+    iri_split: Literal["train", "test"] = Field(
+        default="train",
+        description="whose IRIs the iri-input measures read: train reuses the IRIs the "
+        "invariance-aware protocol synthesises (no extra synthesis); test synthesises IRIs of "
+        "the test split (as the invariance-aware paper does; an extra IRI run, cached)",
+    )
+
+
 class Spec(_Strict):
     front: ModelRef
     back: ModelRef
@@ -184,6 +208,12 @@ class Spec(_Strict):
     controls: list[Control] = Field(default=[])
     control_settings: ControlSettings = ControlSettings()
     adversarial: AdversarialSettings = AdversarialSettings()
+    measures: list[Measure] = Field(
+        default=[],
+        description="representation similarity measures on the same activations, on real "
+        "inputs and on IRIs (opt-in: they need the back model's activations and IRIs)",
+    )
+    measure_settings: MeasureSettings = MeasureSettings()
     threshold: float | None = Field(default=None, ge=0, le=1)
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -202,7 +232,7 @@ class Spec(_Strict):
                              "(a permutation of 0..n-1)")
         return v
 
-    @field_validator("objectives", "protocols", "controls")
+    @field_validator("objectives", "protocols", "controls", "measures")
     @classmethod
     def _unique(cls, v: list[str]) -> list[str]:
         if len(set(v)) != len(v):
@@ -347,6 +377,40 @@ class ExcessRow(BaseModel):
     back_layer: str
 
 
+class MeasureRow(BaseModel):
+    """One representation similarity figure: a measure between the two models' activations at
+    one stitch pair, on one kind of input. Tidy: one row per direction, pair, measure and
+    input kind (on real inputs both directions carry the same value; on IRIs each direction
+    reads the IRIs of the model in front position)."""
+
+    direction: Direction
+    front_layer: str
+    back_layer: str
+    measure: Measure
+    input: MeasureInput
+    value: float
+    ci: tuple[float, float] = Field(description="95% bootstrap interval over samples")
+    samples: int = Field(description="samples the measure was computed on")
+    split: Literal["train", "test"] = Field(description="the split the inputs come from")
+    control: Control | None = Field(
+        default=None, description="identity: the end model with itself (the ceiling); "
+        "clustered_noise: the end model against class-clustered noise (the floor)",
+    )
+    sigma: float | None = None
+    seconds: float = 0.0
+
+
+class MeasureSummaryRow(BaseModel):
+    """Mean of one measure over stitch points in one direction, on real inputs and on IRIs;
+    gap = real - iri (what the real-input figure owes to invariances not shared)."""
+
+    direction: Direction
+    measure: Measure
+    real: float | None = None
+    iri: float | None = None
+    gap: float | None = None
+
+
 class Summary(BaseModel):
     rows: list[SummaryRow]
     by_direction: dict[str, dict[str, float]] = Field(
@@ -369,6 +433,13 @@ class Summary(BaseModel):
     excessive_agreement: list[ExcessRow] = Field(
         default=[], description="shortcut control: maximum over stitch points per cue"
     )
+    measures: list[MeasureSummaryRow] = Field(
+        default=[], description="per direction and measure: means over stitch points"
+    )
+    measure_weaker_direction: dict[str, Direction] = Field(
+        default={}, description="per measure, with both directions: the direction whose IRI "
+        "figure is lower (the weaker conditional: the back model given the front one's IRIs)",
+    )
 
 
 class Report(BaseModel):
@@ -379,6 +450,10 @@ class Report(BaseModel):
     dataset: dict[str, Any]
     results: list[ResultRow]
     controls: list[ResultRow] = []
+    measures: list[MeasureRow] = Field(default=[], description="with spec.measures")
+    measure_controls: list[MeasureRow] = Field(
+        default=[], description="the measures' ceiling (identity) and floor (clustered noise)"
+    )
     summary: Summary
     verdict: Verdict | None
     verdict_reason: str | None = Field(

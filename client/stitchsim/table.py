@@ -85,6 +85,30 @@ def controls_lines(report: Report) -> list[str]:
     return _align(headers, rows, numeric={1, 6, 7, 8, 9})
 
 
+def measures_lines(report: Report) -> list[str]:
+    """Every measure row and its ceiling and floor, in depth order."""
+    headers = ["direction", "stitch: from -> into", "measure", "input", "control", "value [CI]",
+               "samples"]
+    rows = [
+        [DIRECTION_ASCII[m.direction],
+         f"{_clean(view.stitch_order(m.front_layer, m.back_layer, m.direction)[0])} -> "
+         f"{_clean(view.stitch_order(m.front_layer, m.back_layer, m.direction)[1])}",
+         m.measure, f"{m.input} ({m.split})",
+         (m.control or "") + (f" s={m.sigma:g}" if m.sigma is not None else ""),
+         _with_ci(m.value, m.ci), str(m.samples)]
+        for m in view.ordered_measures(report.measures + report.measure_controls)
+    ]
+    return _align(headers, rows, numeric={5, 6})
+
+
+def measure_summary_lines(report: Report) -> list[str]:
+    rows = [
+        [DIRECTION_ASCII[m.direction], m.measure, fmt(m.real), fmt(m.iri), fmt_signed(m.gap)]
+        for m in view.measure_summary(report)
+    ]
+    return _align(["direction", "measure", "real", "iri", "gap"], rows, numeric={2, 3, 4})
+
+
 def summary_lines(report: Report) -> list[str]:
     """Mean agreement over stitch points per direction and objective, with the drop."""
     rows = [
@@ -149,6 +173,14 @@ def format_table(report: Report) -> str:
         lines += ["", "excessive agreement (unseen cues), max over stitch points"]
         lines += excess_lines(report)
     lines += _notes("notes", report.notes)
+    if report.measures:
+        lines += ["", "similarity measures (no fitting; real inputs vs the front model's IRIs)"]
+        lines += measures_lines(report)
+        lines += ["", "mean measure over stitch points"] + measure_summary_lines(report)
+        weaker = report.summary.measure_weaker_direction
+        if weaker:
+            lines.append("weaker conditional on IRIs: " + ", ".join(
+                f"{m} {DIRECTION_ASCII[d]}" for m, d in weaker.items()))
     lines += _notes("warnings", report.warnings)
     reason = view.verdict_reason(report)
     if reason:

@@ -16,10 +16,15 @@ from dataclasses import dataclass
 
 from stitchsim.models import (
     DIRECTIONS,
+    MEASURE_INPUTS,
+    MEASURES,
     OBJECTIVES,
     PROTOCOLS,
     Direction,
     DropRow,
+    Measure,
+    MeasureRow,
+    MeasureSummaryRow,
     ModelSummary,
     Objective,
     PreprocessInfo,
@@ -52,6 +57,8 @@ CUE_LABEL: dict[str, str] = {
     "pixel_rand": "class colour, random place",
     "rand_rand": "random colour, random place",
 }
+MEASURE_LABEL: dict[str, str] = {"cka": "linear CKA", "mutual_knn": "mutual k-NN"}
+MEASURE_INPUT_LABEL: dict[str, str] = {"real": "real inputs", "iri": "IRIs"}
 PREPROCESS_SOURCE_LABEL: dict[str, str] = {
     "spec": "set in the spec",
     "metadata": "from the checkpoint's metadata",
@@ -336,3 +343,62 @@ def preprocess_text(p: PreprocessInfo) -> str:
         samples = f" on {p.samples} samples" if p.samples else ""
         text += f" (accuracy{samples}: {tried})"
     return text + (f"; {p.note}" if p.note else "")
+
+
+# ------------------------------------------------------------------ similarity measures
+
+MEASURE_GAP_MEANING = (
+    "A measure compares the two models' activations at a stitch pair directly, with nothing "
+    "fitted: on real test images, and on IRIs (inputs the front model cannot tell apart from "
+    "real ones at its stitch point). A measure that is high on real inputs but lower on IRIs "
+    "says the representations align on natural images without the end model sharing the "
+    "front model's invariances: the real-input figure overstates the similarity, as the "
+    "standard stitching protocol does. A small gap says the alignment also holds on inputs "
+    "built to expose invariances. Read each figure against the identity ceiling (1) and the "
+    "clustered-noise floor (what class clusters alone score)."
+)
+
+
+def measures_of(report: Report) -> list[Measure]:
+    seen = {m.measure for m in report.measures}
+    return [m for m in MEASURES if m in seen]
+
+
+def ordered_measures(rows: Sequence[MeasureRow]) -> list[MeasureRow]:
+    """Direction, depth (report order of the pairs), measure, input kind, then sigma."""
+    depth: dict[tuple[str, str, str], int] = {}
+    for r in rows:
+        depth.setdefault((r.direction, r.front_layer, r.back_layer), len(depth))
+    return sorted(rows, key=lambda r: (
+        DIRECTIONS.index(r.direction), depth[(r.direction, r.front_layer, r.back_layer)],
+        MEASURES.index(r.measure), MEASURE_INPUTS.index(r.input), r.control or "",
+        r.sigma or 0.0,
+    ))
+
+
+def measure_stitch_label(row: MeasureRow, arrow: str = "→") -> str:
+    source, target = stitch_order(row.front_layer, row.back_layer, row.direction)
+    return f"{source} {arrow} {target}"
+
+
+def measure_summary(report: Report) -> list[MeasureSummaryRow]:
+    return sorted(report.summary.measures, key=lambda m: (DIRECTIONS.index(m.direction),
+                                                         MEASURES.index(m.measure)))
+
+
+def measure_sentence(report: Report) -> str:
+    """What the measures found, in words: per direction and measure, real against IRI means
+    over stitch points, and the weaker conditional when both directions ran."""
+    parts = [
+        f"{DIRECTION_LABEL[m.direction]}: {MEASURE_LABEL[m.measure]} {fmt(m.real)} on real "
+        f"inputs, {fmt(m.iri)} on IRIs (gap {fmt_signed(m.gap)})"
+        for m in measure_summary(report)
+    ]
+    if not parts:
+        return ""
+    text = "Mean over stitch points: " + "; ".join(parts) + "."
+    weaker = report.summary.measure_weaker_direction
+    if weaker:
+        text += " Weaker conditional on IRIs: " + ", ".join(
+            f"{MEASURE_LABEL[m]} {DIRECTION_LABEL[d]}" for m, d in weaker.items()) + "."
+    return text

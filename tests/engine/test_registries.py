@@ -6,16 +6,18 @@ from __future__ import annotations
 from typing import get_args
 
 import pytest
-from stitchsim.models import Control, Objective, Protocol
+from stitchsim.models import Control, Measure, Objective, Protocol
 from stitchsim_worker.engine.controls import CONTROLS
+from stitchsim_worker.engine.measures import MEASURES
 from stitchsim_worker.engine.objectives import OBJECTIVES, ObjectiveEntry, register_objective
 from stitchsim_worker.engine.protocols import PROTOCOLS
 
 
 @pytest.mark.parametrize(
     ("registry", "names"),
-    [(OBJECTIVES, Objective), (PROTOCOLS, Protocol), (CONTROLS, Control)],
-    ids=["objectives", "protocols", "controls"],
+    [(OBJECTIVES, Objective), (PROTOCOLS, Protocol), (CONTROLS, Control),
+     (MEASURES, Measure)],
+    ids=["objectives", "protocols", "controls", "measures"],
 )
 def test_every_contract_name_has_exactly_one_entry(registry: dict, names: object) -> None:
     assert list(registry) == list(get_args(names))

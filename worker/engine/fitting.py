@@ -123,9 +123,12 @@ def make_row(ctx: JobContext, cut: Cut, objective: Objective, protocol: Protocol
 
 
 def protocol_rows(ctx: JobContext, cut: Cut, inputs: InputSet, tests: list[Split],
-                  *, control: Control | None = None, **extra: Any) -> list[list[ResultRow]]:
+                  *, control: Control | None = None, made: dict[Protocol, Split] | None = None,
+                  **extra: Any) -> list[list[ResultRow]]:
     """Every protocol and objective for one cut; rows[k] holds each fit evaluated on tests[k]
-    (a protocol with a test split of its own is evaluated on that one instead)."""
+    (a protocol with a test split of its own is evaluated on that one instead). `made`, when
+    given, receives each protocol's training split (the measures read the IRIs' activations
+    from it instead of computing them again)."""
     rows: list[list[ResultRow]] = [[] for _ in tests]
     points = alignment_points(ctx, cut)
     robust = ctx.spec.adversarial.evaluate and control is None
@@ -135,6 +138,8 @@ def protocol_rows(ctx: JobContext, cut: Cut, inputs: InputSet, tests: list[Split
             continue
         ctx.tracker.focus(point=cut.label, protocol=protocol)
         train, stats = entry.train_split(ctx, cut, inputs, points)
+        if made is not None:
+            made[protocol] = train
         own = [entry.test_split(ctx, cut)] * len(tests) if entry.test_split else tests
         augment = entry.augment(ctx, cut, points) if entry.augment else None
         ctx.tracker.enter(f"train {cut.label} {protocol}")

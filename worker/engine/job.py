@@ -9,31 +9,43 @@ import time
 
 import timm
 import torch
-from stitchsim.models import Direction, ModelSummary, Report, ResultRow, Spec, Summary
+from stitchsim.models import (
+    Direction,
+    ModelSummary,
+    Protocol,
+    Report,
+    ResultRow,
+    Spec,
+    Summary,
+)
 from stitchsim_worker.engine.context import JobContext
 from stitchsim_worker.engine.controls import CONTROLS, controls_to_run
 from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.errors import EngineFailure, passes_through
 from stitchsim_worker.engine.fitting import protocol_rows, training_inputs
+from stitchsim_worker.engine.measures import MeasureRun
 from stitchsim_worker.engine.metrics import accuracy_with_ci, near_chance
 from stitchsim_worker.engine.network import Network
 from stitchsim_worker.engine.plan import plan_units
 from stitchsim_worker.engine.preparation import Prepared, prepare
 from stitchsim_worker.engine.progress import Tracker
 from stitchsim_worker.engine.resources import CancelFn, ProgressFn, Resources
-from stitchsim_worker.engine.splits import test_split
+from stitchsim_worker.engine.splits import Split, test_split
 from stitchsim_worker.engine.summary import summarise, verdict, verdict_caveats, withheld
 
 log = logging.getLogger("stitchsim.engine")
 
 
-def compare(ctx: JobContext, direction: Direction) -> list[ResultRow]:
-    """Every stitch pair, protocol and objective in one direction."""
+def compare(ctx: JobContext, direction: Direction, measured: MeasureRun) -> list[ResultRow]:
+    """Every stitch pair, protocol and objective in one direction; the measures of each pair
+    on the activations the stitching computed."""
     rows = []
     for cut in ctx.cuts(direction):
         ctx.tracker.enter(f"stitch {cut.label}")
-        (found,) = protocol_rows(ctx, cut, training_inputs(ctx), [test_split(ctx, cut)])
+        test, made = test_split(ctx, cut), dict[Protocol, Split]()
+        (found,) = protocol_rows(ctx, cut, training_inputs(ctx), [test], made=made)
         rows += found
+        measured.add(ctx, cut, test, made)
     return rows
 
 
@@ -56,13 +68,14 @@ def run_job(
         ctx = JobContext.open(spec, prep, resources, tracker, device)
         try:
             directions = spec.direction_list()
-            results = [row for d in directions for row in compare(ctx, d)]
+            measured = MeasureRun()
+            results = [row for d in directions for row in compare(ctx, d, measured)]
             controls = [row for c in controls_to_run(spec) for d in directions
                         for row in CONTROLS[c].run(ctx, d)]
         finally:
             ctx.close()
         tracker.finish()
-        return _report(spec, job_id, ctx, results, controls, device, tracker,
+        return _report(spec, job_id, ctx, results, controls, measured, device, tracker,
                        time.perf_counter() - t0)
     except Exception as exc:
         if passes_through(exc):
@@ -114,7 +127,8 @@ def _chance_warning(m: ModelSummary, where: str, dataset: str) -> str:
 
 def _report(
     spec: Spec, job_id: str | None, ctx: JobContext, results: list[ResultRow],
-    controls: list[ResultRow], device: torch.device, tracker: Tracker, seconds: float,
+    controls: list[ResultRow], measured: MeasureRun, device: torch.device, tracker: Tracker,
+    seconds: float,
 ) -> Report:
     prep: Prepared = ctx.prep
     front = _model_summary(ctx, prep.front, [p[0] for p in prep.pairs])
@@ -123,7 +137,7 @@ def _report(
     own = {"front": prep.data_of(prep.front).describe()["id"], "back": dataset["id"]}
     warnings = [_chance_warning(m, where, str(own[where]))
                 for where, m in (("front", front), ("back", back)) if m.near_chance]
-    summary: Summary = summarise(spec, results, controls)
+    summary: Summary = summarise(spec, results, controls, measured.rows)
     reason = withheld(spec, front, back)
     return Report(
         job_id=job_id,
@@ -133,6 +147,8 @@ def _report(
         dataset=dataset,
         results=results,
         controls=controls,
+        measures=measured.rows,
+        measure_controls=measured.controls,
         summary=summary,
         verdict=None if reason else verdict(summary),
         verdict_reason=reason,

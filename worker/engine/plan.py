@@ -8,6 +8,7 @@ import math
 from stitchsim.models import Spec
 from stitchsim_worker.engine.context import EVAL_BATCH
 from stitchsim_worker.engine.controls import CONTROLS, controls_to_run
+from stitchsim_worker.engine.measures import measure_units
 from stitchsim_worker.engine.objectives import OBJECTIVES
 from stitchsim_worker.engine.preparation import Prepared
 from stitchsim_worker.engine.protocols import PROTOCOLS
@@ -26,4 +27,5 @@ def plan_units(spec: Spec, prep: Prepared) -> int:
     per_run = 3 * math.ceil(n_te / EVAL_BATCH) + sum(per_protocol)
     runs = 1 + sum(CONTROLS[c].runs(spec) for c in controls_to_run(spec))
     stitches = len(spec.direction_list()) * len(prep.pairs)
-    return 2 * math.ceil(n_te / EVAL_BATCH) + stitches * per_run * runs
+    return (2 * math.ceil(n_te / EVAL_BATCH) + stitches * per_run * runs
+            + measure_units(spec, n_tr, n_te, stitches))

@@ -11,6 +11,9 @@ from stitchsim.models import (
     Direction,
     DropRow,
     ExcessRow,
+    Measure,
+    MeasureRow,
+    MeasureSummaryRow,
     ModelSummary,
     Objective,
     Protocol,
@@ -75,8 +78,33 @@ def _excess(controls: list[ResultRow]) -> list[ExcessRow]:
     ]
 
 
-def summarise(spec: Spec, rows: list[ResultRow], controls: list[ResultRow] | None = None
-              ) -> Summary:
+def _measure_means(measures: list[MeasureRow]) -> list[MeasureSummaryRow]:
+    """Per direction and measure: the mean over stitch points on real inputs and on IRIs."""
+    groups: dict[tuple[Direction, Measure], dict[str, list[float]]] = {}
+    for m in measures:
+        groups.setdefault((m.direction, m.measure), {}).setdefault(m.input, []).append(m.value)
+    out = []
+    for (d, name), by_input in groups.items():
+        real = _mean(by_input["real"]) if "real" in by_input else None
+        iri = _mean(by_input["iri"]) if "iri" in by_input else None
+        gap = real - iri if real is not None and iri is not None else None
+        out.append(MeasureSummaryRow(direction=d, measure=name, real=real, iri=iri, gap=gap))
+    return out
+
+
+def _measure_weaker(means: list[MeasureSummaryRow]) -> dict[str, Direction]:
+    """Per measure with both directions: the direction whose IRI figure is lower. IRIs are the
+    front model's, so each direction is one conditional (the end model given the front
+    model's invariances), like STIR's score of one model given the other."""
+    by_measure: dict[str, dict[Direction, float]] = {}
+    for m in means:
+        if m.iri is not None:
+            by_measure.setdefault(m.measure, {})[m.direction] = m.iri
+    return {name: min(v, key=v.__getitem__) for name, v in by_measure.items() if len(v) > 1}
+
+
+def summarise(spec: Spec, rows: list[ResultRow], controls: list[ResultRow] | None = None,
+              measures: list[MeasureRow] | None = None) -> Summary:
     """Mean agreement over stitch points (rAuA) per protocol, direction and objective; the
     similarity is the invariance-aware figure when that protocol ran, else the standard one
     (see SIMILARITY_PREFERENCE), taken in the weaker direction."""
@@ -97,6 +125,7 @@ def summarise(spec: Spec, rows: list[ResultRow], controls: list[ResultRow] | Non
     by_protocol = {protocol: min(means.values()) for protocol, means in by_direction.items()}
     used = next(p for p in SIMILARITY_PREFERENCE if p in by_protocol)
     weaker = min(by_direction[used], key=by_direction[used].__getitem__)
+    measure_means = _measure_means(measures or [])
     return Summary(
         rows=summary_rows,
         by_direction=by_direction,
@@ -107,6 +136,8 @@ def summarise(spec: Spec, rows: list[ResultRow], controls: list[ResultRow] | Non
         threshold=spec.threshold,
         drops=_drops(rows),
         excessive_agreement=_excess(controls or []),
+        measures=measure_means,
+        measure_weaker_direction=_measure_weaker(measure_means),
     )
 
 

@@ -9,6 +9,7 @@ escaping failed somewhere.
 
     html      the document shell, tables, figures, escaping
     plots     agreement versus depth, IRI convergence (inline SVG)
+    measures  similarity measures versus depth beside agreement, and their tables
     sections  the report page's sections, in reading order
     progress  the page of a job that has no report yet
 """
@@ -19,6 +20,7 @@ from stitchsim import view
 from stitchsim.models import JobStatus, Report
 from stitchsim_service.gateway.pages import sections
 from stitchsim_service.gateway.pages.html import document
+from stitchsim_service.gateway.pages.measures import measures_plot, measures_section
 from stitchsim_service.gateway.pages.plots import agreement_plot, iri_plot
 from stitchsim_service.gateway.pages.progress import REFRESH_SECONDS, render_progress_page
 
@@ -30,6 +32,7 @@ def render_report_page(report: Report) -> str:
     directions = view.directions(report)
     agreement = [agreement_plot(report, d) for d in directions]
     iri = [p for p in (iri_plot(report, d) for d in directions) if p is not None]
+    measured = [p for p in (measures_plot(report, d) for d in directions) if p is not None]
     body = "".join([
         sections.header(report),
         sections.verdict_section(report),
@@ -39,6 +42,7 @@ def render_report_page(report: Report) -> str:
         sections.models_section(report),
         sections.summary_section(report),
         sections.agreement_section(report, agreement),
+        measures_section(report, measured),
         sections.controls_section(report),
         sections.iri_section(report, iri),
         sections.results_section(report),

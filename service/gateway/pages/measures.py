@@ -1,0 +1,184 @@
+"""The similarity measures on the report page: per direction, a plot of the measures versus
+depth (real inputs and IRIs, with the ceiling and the floor) beside agreement versus depth,
+the sentence saying what a real-versus-IRI gap means, and the measure tables."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from stitchsim import view
+from stitchsim.models import Direction, Measure, MeasureRow, Report
+from stitchsim.view import (
+    DIRECTION_LABEL,
+    MEASURE_INPUT_LABEL,
+    MEASURE_LABEL,
+    OBJECTIVE_LABEL,
+    fmt,
+    fmt_ci,
+    fmt_signed,
+)
+from stitchsim_service.gateway.pages.html import Col, esc, figure, table
+from stitchsim_service.gateway.pages.plots import (
+    BLUE,
+    FIG_WIDTH_IN,
+    GREEN,
+    GREY,
+    VERMILLION,
+    Band,
+    Plot,
+    _agreement_panel,
+    _draw_band,
+    _render_svg,
+    _set_depth_axis,
+)
+
+INPUT_STYLE: dict[str, dict[str, Any]] = {
+    "real": {"color": BLUE, "linestyle": "-", "marker": "o"},
+    "iri": {"color": VERMILLION, "linestyle": "--", "marker": "s"},
+}
+
+
+def _at_points(rows: Sequence[MeasureRow], points: Sequence[tuple[str, str]]
+               ) -> dict[tuple[str, str], list[MeasureRow]]:
+    found: dict[tuple[str, str], list[MeasureRow]] = {p: [] for p in points}
+    for r in rows:
+        if (r.front_layer, r.back_layer) in found:
+            found[(r.front_layer, r.back_layer)].append(r)
+    return found
+
+
+def measure_band(report: Report, control: str, direction: Direction, measure: Measure,
+                 points: Sequence[tuple[str, str]]) -> Band | None:
+    """The range a measure control reached at each stitch point, CI included, pooled over
+    input kinds and sigmas (the floor differs a little between real inputs and IRIs)."""
+    rows = [m for m in report.measure_controls
+            if m.control == control and m.direction == direction and m.measure == measure]
+    here = _at_points(rows, points)
+    if not rows or any(not v for v in here.values()):
+        return None
+    lo = [min(min(r.ci[0], r.value) for r in here[p]) for p in points]
+    hi = [max(max(r.ci[1], r.value) for r in here[p]) for p in points]
+    return Band(lo, hi, "identity ceiling" if control == "identity" else "clustered-noise floor")
+
+
+def _measure_panel(ax: Axes, report: Report, direction: Direction, measure: Measure,
+                   points: Sequence[tuple[str, str]]) -> list[str]:
+    series: list[str] = []
+    tag = f"{direction}-{measure}"
+    for control, color, hatch in (("clustered_noise", GREY, "///"), ("identity", GREEN, None)):
+        band = measure_band(report, control, direction, measure, points)
+        if band is not None:
+            _draw_band(ax, band, f"ref-measure-{control}-{tag}", color, hatch)
+    for kind, style in INPUT_STYLE.items():
+        rows = [m for m in report.measures
+                if m.direction == direction and m.measure == measure and m.input == kind]
+        by_point = {(r.front_layer, r.back_layer): r for r in rows}
+        xs = [i for i, p in enumerate(points) if p in by_point]
+        if not xs:
+            continue
+        chosen = [by_point[p] for p in points if p in by_point]
+        lo, hi = [r.ci[0] for r in chosen], [r.ci[1] for r in chosen]
+        band_xs = xs if len(xs) > 1 else [xs[0] - 0.12, xs[0] + 0.12]
+        if len(xs) == 1:
+            lo, hi = lo * 2, hi * 2
+        ax.fill_between(band_xs, lo, hi, color=style["color"], alpha=0.2, linewidth=0,
+                        zorder=2).set_gid(f"ci-measure-{tag}-{kind}")
+        (line,) = ax.plot(xs, [r.value for r in chosen], zorder=3, **style)
+        gid = f"series-measure-{tag}-{kind}"
+        line.set_gid(gid)
+        series.append(gid)
+    ax.set_title(MEASURE_LABEL[measure])
+    ax.set_ylim(min(0.0, ax.get_ylim()[0]), 1.05)  # unbiased CKA may dip below 0
+    return series
+
+
+def _legend(report: Report) -> list[Any]:
+    handles: list[Any] = [Line2D([], [], label=f"{MEASURE_INPUT_LABEL[k]}", **s)
+                          for k, s in INPUT_STYLE.items()]
+    handles.append(Patch(facecolor=to_rgba(GREEN, 0.3), label="identity ceiling"))
+    handles.append(Patch(facecolor="#EAEAEA", edgecolor="#A8A8A8", linewidth=0, hatch="///",
+                         label="clustered-noise floor"))
+    return handles
+
+
+def measures_plot(report: Report, direction: Direction) -> Plot | None:
+    measures = view.measures_of(report)
+    points = view.stitch_points(report.results, direction)
+    if not measures or not points:
+        return None
+    objective = view.objectives(report.results, direction)[0]
+    plot_id = f"plot-measures-{direction}"
+    series: list[str] = []
+
+    def build() -> Figure:
+        fig = Figure(figsize=(FIG_WIDTH_IN, 4.4), layout="constrained")
+        axes = fig.subplots(1, 1 + len(measures), squeeze=False, sharey=True)[0]
+        series.extend(_agreement_panel(axes[0], report, direction, objective, points))
+        axes[0].set_title(f"agreement, {OBJECTIVE_LABEL[objective]}")
+        for ax, measure in zip(axes[1:], measures, strict=True):
+            series.extend(_measure_panel(ax, report, direction, measure, points))
+        for ax in axes:
+            _set_depth_axis(ax, points, direction)
+            ax.set_xlabel("")
+        axes[0].set_ylabel("similarity, 0–1")
+        fig.supxlabel("stitch point: from layer → into layer (shallow to deep)")
+        fig.suptitle(f"Measures beside agreement, {view.direction_title(report, direction)}")
+        handles = _legend(report)
+        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles),
+                   frameon=False)
+        return fig
+
+    title = f"Similarity measures and agreement versus depth, {DIRECTION_LABEL[direction]}"
+    desc = _description(report, direction, measures)
+    return Plot(plot_id, title, desc, _render_svg(build, plot_id, title, desc), series)
+
+
+def _description(report: Report, direction: Direction, measures: Sequence[Measure]) -> str:
+    parts = [f"{view.direction_title(report, direction)}. Measures on real inputs and on "
+             "IRIs at each stitch point, shallow to deep, beside agreement."]
+    for measure in measures:
+        for kind in INPUT_STYLE:
+            values = [f"{view.measure_stitch_label(r)}: {r.value:.3f}" for r in report.measures
+                      if r.direction == direction and r.measure == measure and r.input == kind]
+            if values:
+                parts.append(f"{MEASURE_LABEL[measure]}, {MEASURE_INPUT_LABEL[kind]}: "
+                             + "; ".join(values))
+    return " ".join(parts)
+
+
+def measures_section(report: Report, plots: Sequence[Plot]) -> str:
+    if not report.measures:
+        return ""
+    figures = "".join(
+        figure(p.plot_id, p.svg, len(p.series), esc(p.title) + ".") for p in plots
+    )
+    summary = table(
+        [Col("direction"), Col("measure"), Col("real inputs", True), Col("IRIs", True),
+         Col("gap", True)],
+        [[DIRECTION_LABEL[m.direction], esc(MEASURE_LABEL[m.measure]), fmt(m.real),
+          fmt(m.iri), fmt_signed(m.gap)] for m in view.measure_summary(report)],
+        "measures-summary-table",
+    )
+    rows = [
+        [DIRECTION_LABEL[m.direction], esc(view.measure_stitch_label(m)),
+         esc(MEASURE_LABEL[m.measure]), f"{MEASURE_INPUT_LABEL[m.input]} ({m.split})",
+         esc((m.control or "") + (f" σ {m.sigma:g}" if m.sigma is not None else "")),
+         fmt(m.value), fmt_ci(m.ci), str(m.samples)]
+        for m in view.ordered_measures(report.measures + report.measure_controls)
+    ]
+    every = table([Col("direction"), Col("stitch point"), Col("measure"), Col("input"),
+                   Col("control"), Col("value", True), Col("CI", True), Col("samples", True)],
+                  rows, "measures-table", wide=True)
+    return (
+        '<section id="measures"><h2>Similarity measures</h2>'
+        f'<p id="measures-meaning">{esc(view.MEASURE_GAP_MEANING)}</p>'
+        f'<p id="measures-sentence">{esc(view.measure_sentence(report))}</p>'
+        f"{figures}{summary}<details><summary>Every measure row</summary>{every}</details>"
+        "</section>"
+    )
