@@ -32,10 +32,10 @@ from stitchsim_service.gateway.pages.plots import (
     VERMILLION,
     Band,
     Plot,
-    _agreement_panel,
-    _draw_band,
-    _render_svg,
-    _set_depth_axis,
+    agreement_panel,
+    draw_band,
+    render_svg,
+    set_depth_axis,
 )
 
 INPUT_STYLE: dict[str, dict[str, Any]] = {
@@ -74,7 +74,7 @@ def _measure_panel(ax: Axes, report: Report, direction: Direction, measure: Meas
     for control, color, hatch in (("clustered_noise", GREY, "///"), ("identity", GREEN, None)):
         band = measure_band(report, control, direction, measure, points)
         if band is not None:
-            _draw_band(ax, band, f"ref-measure-{control}-{tag}", color, hatch)
+            draw_band(ax, band, f"ref-measure-{control}-{tag}", color, hatch)
     for kind, style in INPUT_STYLE.items():
         rows = [m for m in report.measures
                 if m.direction == direction and m.measure == measure and m.input == kind]
@@ -119,12 +119,12 @@ def measures_plot(report: Report, direction: Direction) -> Plot | None:
     def build() -> Figure:
         fig = Figure(figsize=(FIG_WIDTH_IN, 4.4), layout="constrained")
         axes = fig.subplots(1, 1 + len(measures), squeeze=False, sharey=True)[0]
-        series.extend(_agreement_panel(axes[0], report, direction, objective, points))
+        series.extend(agreement_panel(axes[0], report, direction, objective, points))
         axes[0].set_title(f"agreement, {OBJECTIVE_LABEL[objective]}")
         for ax, measure in zip(axes[1:], measures, strict=True):
             series.extend(_measure_panel(ax, report, direction, measure, points))
         for ax in axes:
-            _set_depth_axis(ax, points, direction)
+            set_depth_axis(ax, points, direction)
             ax.set_xlabel("")
         axes[0].set_ylabel("similarity, 0–1")
         fig.supxlabel("stitch point: from layer → into layer (shallow to deep)")
@@ -136,7 +136,7 @@ def measures_plot(report: Report, direction: Direction) -> Plot | None:
 
     title = f"Similarity measures and agreement versus depth, {DIRECTION_LABEL[direction]}"
     desc = _description(report, direction, measures)
-    return Plot(plot_id, title, desc, _render_svg(build, plot_id, title, desc), series)
+    return Plot(plot_id, title, desc, render_svg(build, plot_id, title, desc), series)
 
 
 def _description(report: Report, direction: Direction, measures: Sequence[Measure]) -> str:

@@ -103,7 +103,7 @@ class Plot:
     series: list[str]
 
 
-def _render_svg(build: Callable[[], Figure], plot_id: str, title: str, description: str) -> str:
+def render_svg(build: Callable[[], Figure], plot_id: str, title: str, description: str) -> str:
     # The salt makes matplotlib's internal ids (clip paths, markers) unique per plot, so
     # several SVGs can share one HTML document, and deterministic from run to run.
     with _RENDER_LOCK, matplotlib.rc_context({**_RC, "svg.hashsalt": plot_id}):
@@ -129,7 +129,7 @@ def _inline_svg(svg: str, plot_id: str, title: str, description: str) -> str:
     return opening + a11y + svg[open_end:]
 
 
-def _set_depth_axis(ax: Axes, points: Sequence[tuple[str, str]], direction: Direction) -> None:
+def set_depth_axis(ax: Axes, points: Sequence[tuple[str, str]], direction: Direction) -> None:
     step = max(1, math.ceil(len(points) / MAX_TICKS))
     ticks = list(range(0, len(points), step))
     labels = []
@@ -188,7 +188,7 @@ def control_band(
     return Band(lo, hi, label)
 
 
-def _draw_band(ax: Axes, band: Band, gid: str, color: str, hatch: str | None) -> None:
+def draw_band(ax: Axes, band: Band, gid: str, color: str, hatch: str | None) -> None:
     # Each stitch point owns the x range i ± 0.5, so the band steps from point to point.
     xs = [x for i in range(len(band.lo)) for x in (i - 0.5, i + 0.5)]
     lo = [v for v in band.lo for _ in (0, 1)]
@@ -207,7 +207,7 @@ def _draw_band(ax: Axes, band: Band, gid: str, color: str, hatch: str | None) ->
         lines.set_gid(f"{gid}-hatch")
 
 
-def _agreement_panel(
+def agreement_panel(
     ax: Axes,
     report: Report,
     direction: Direction,
@@ -220,7 +220,7 @@ def _agreement_panel(
     for kind, color, hatch in (("clustered_noise", GREY, "///"), ("identity", GREEN, None)):
         band = control_band(report.controls, kind, direction, objective, points)
         if band is not None:
-            _draw_band(ax, band, f"ref-{kind}-{tag}", color, hatch)
+            draw_band(ax, band, f"ref-{kind}-{tag}", color, hatch)
     for protocol in view.protocols(report.results):
         by_point = {
             (r.front_layer, r.back_layer): r
@@ -263,7 +263,7 @@ def _legend_handles(report: Report) -> list[Any]:
     if "identity" in kinds:
         handles.append(Patch(facecolor=to_rgba(GREEN, 0.3), label="identity ceiling"))
     if "clustered_noise" in kinds:
-        # Opaque stand-ins for the translucent band: see _draw_band on SVG hatch fading.
+        # Opaque stand-ins for the translucent band: see draw_band on SVG hatch fading.
         handles.append(Patch(facecolor="#EAEAEA", edgecolor="#A8A8A8", linewidth=0,
                              hatch="///", label="clustered-noise floor"))
     return handles
@@ -282,8 +282,8 @@ def agreement_plot(report: Report, direction: Direction) -> Plot:
         axes = fig.subplots(nrows, cols, squeeze=False, sharey=True)
         for k, objective in enumerate(objectives):
             ax = axes[k // cols][k % cols]
-            series.extend(_agreement_panel(ax, report, direction, objective, points))
-            _set_depth_axis(ax, points, direction)
+            series.extend(agreement_panel(ax, report, direction, objective, points))
+            set_depth_axis(ax, points, direction)
             if k % cols == 0:
                 ax.set_ylabel(f"agreement with {view.end_model(report, direction)}, 0–1")
         for k in range(len(objectives), nrows * cols):
@@ -296,7 +296,7 @@ def agreement_plot(report: Report, direction: Direction) -> Plot:
 
     title = f"Agreement versus depth, {DIRECTION_LABEL[direction]}"
     desc = _agreement_description(report, direction, objectives, len(points))
-    svg = _render_svg(build, plot_id, title, desc)
+    svg = render_svg(build, plot_id, title, desc)
     return Plot(plot_id, title, desc, svg, series)
 
 
@@ -358,7 +358,7 @@ def iri_plot(report: Report, direction: Direction) -> Plot | None:
             _log_axis(ax)
         else:
             ax.set_ylim(0, max(values) * 1.08)
-        _set_depth_axis(ax, points, direction)
+        set_depth_axis(ax, points, direction)
         ax.set_ylabel("relative distance at the stitch point\n‖f(x′) − f(x)‖ / ‖f(x)‖")
         front = view.model_names(report)[0 if direction == "front_to_back" else 1]
         ax.set_title(f"IRI convergence, {DIRECTION_LABEL[direction]}: IRIs for {front}")
@@ -376,5 +376,5 @@ def iri_plot(report: Report, direction: Direction) -> Plot | None:
             if r.iri is not None
         )
     )
-    svg = _render_svg(build, plot_id, title, desc)
+    svg = render_svg(build, plot_id, title, desc)
     return Plot(plot_id, title, desc, svg, series)
