@@ -63,13 +63,28 @@ class Supervisor:
     def __init__(self, commands: list[list[str]]):
         self.commands = commands
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * len(commands)
+        # Write ends of the workers' lifelines: only this process holds them, so they close
+        # (and the workers shut down) however it dies.
+        self._lifelines: list[int | None] = [None] * len(commands)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
 
     def _spawn(self, i: int) -> None:
-        # Own session: a signal to the worker reaches its pool children, and ^C in the terminal
-        # reaches only serve, which shuts the workers down in order.
-        self.procs[i] = subprocess.Popen(self.commands[i], start_new_session=True)
+        from stitchsim_worker.lifeline import PIPE_ENV
+
+        old = self._lifelines[i]
+        if old is not None:
+            os.close(old)
+        read_end, write_end = os.pipe()
+        env = {**os.environ, PIPE_ENV: str(read_end)}
+        try:
+            # Own session: a signal to the worker reaches its pool children, and ^C in the
+            # terminal reaches only serve, which shuts the workers down in order.
+            self.procs[i] = subprocess.Popen(self.commands[i], start_new_session=True, env=env,
+                                             pass_fds=(read_end,))
+        finally:
+            os.close(read_end)
+        self._lifelines[i] = write_end
 
     def start(self) -> None:
         for i in range(len(self.commands)):
@@ -156,15 +171,34 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     _apply_env(args)
-    concurrency = args.concurrency or _settings().worker_concurrency
+    settings = _settings()
+    concurrency = args.concurrency or settings.worker_concurrency
+    from stitchsim_worker.lifeline import (
+        NameTaken,
+        expand_node_name,
+        hold_node_name,
+        watch_lifeline,
+    )
+
+    name = expand_node_name(args.name or "celery@%h")
+    try:
+        # Held until this process and its pool children are gone; a previous holder in its
+        # cold shutdown gets the grace period and some to let go.
+        name_lock = hold_node_name(settings.data_dir / "workers", name,
+                                   wait_s=settings.shutdown_grace_s + 15.0)
+    except NameTaken as exc:
+        print(f"stitchsim-server worker: {exc}", file=sys.stderr)
+        return 1
+    watch_lifeline(settings.shutdown_grace_s)
     from stitchsim_worker.celery_app import app
 
     argv = ["worker", "--queues", args.queues, "--concurrency", str(concurrency),
             "--loglevel", args.loglevel.upper(), "--without-gossip", "--without-mingle",
-            "--without-heartbeat", "--pool", "prefork"]
-    if args.name:
-        argv += ["--hostname", args.name]
-    app.worker_main(argv)
+            "--without-heartbeat", "--pool", "prefork", "--hostname", name]
+    try:
+        app.worker_main(argv)
+    finally:
+        name_lock.close()
     return 0
 
 

@@ -148,6 +148,11 @@ def execute_job(ctx: Context, job_id: str, worker: str) -> str:
     finally:
         tracker.stop()
     state = outcome.pop("state")
+    if state == "failed" and tracker.should_cancel():
+        # The user asked to stop and it stopped: whatever the interrupted stage raised on its
+        # way out, the job ends as the user meant it to.
+        log.info("job %s: cancelled (stopped with %s)", job_id, outcome.get("error_code"))
+        state, outcome = "cancelled", {}
     if not jobs.finish(ctx, claim, state, **outcome):
         log.warning("job %s: attempt %d was superseded; outcome %s dropped", job_id,
                     claim.attempt, state)
@@ -186,11 +191,15 @@ def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> dict[str,
         return {"state": "failed", "error_code": exc.code, "error_message": exc.message,
                 "error_details": _jsonable(exc.details)}
     except SoftTimeLimitExceeded:
-        limit = ctx.settings.job_time_limit_s
+        # The soft limit is what fired (the hard one, STITCHSIM_JOB_TIME_LIMIT_S, kills the
+        # process without a word): name the time the job actually had.
+        from stitchsim_service.core.queue import soft_time_limit_s
+
+        limit = soft_time_limit_s(ctx.settings)
         return {"state": "failed", "error_code": "time_limit",
-                "error_message": f"the job ran past the time limit ({limit} s, "
-                                 "STITCHSIM_JOB_TIME_LIMIT_S); ask for fewer stitch points, "
-                                 "epochs or IRI steps"}
+                "error_message": f"the job ran past its time limit of {limit} s "
+                                 "(STITCHSIM_JOB_TIME_LIMIT_S less a 30 s margin to stop "
+                                 "cleanly); ask for fewer stitch points, epochs or IRI steps"}
     except MemoryError:
         return {"state": "failed", "error_code": "out_of_memory",
                 "error_message": "the worker ran out of memory; use a smaller batch size, "

@@ -64,6 +64,11 @@ def broker_url(settings: Settings) -> str:
     return f"stitchsim-sqla+sqlite:///{settings.data_dir.resolve() / 'broker.db'}"
 
 
+def soft_time_limit_s(settings: Settings) -> int:
+    """When a job is told to stop (SoftTimeLimitExceeded): 30 s before the hard limit kills it."""
+    return max(settings.job_time_limit_s - 30, 1)
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "broker_url": broker_url(settings),
@@ -78,7 +83,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "task_time_limit": settings.job_time_limit_s,
-        "task_soft_time_limit": max(settings.job_time_limit_s - 30, 1),
+        "task_soft_time_limit": soft_time_limit_s(settings),
         "task_default_queue": GPU_QUEUE,
         "task_routes": {RUN_TASK: {"queue": GPU_QUEUE}, CHECK_TASK: {"queue": CHECKS_QUEUE}},
         "result_expires": 3600,
