@@ -16,7 +16,7 @@ from stitchsim_service.core.reaper import Reaper
 from stitchsim_service.core.settings import Settings, get_settings
 from stitchsim_service.core.tmpfiles import remove_orphaned_uploads
 from stitchsim_service.gateway.errors import install_handlers
-from stitchsim_service.gateway.middleware import MetricsMiddleware
+from stitchsim_service.gateway.middleware import DisconnectMiddleware, MetricsMiddleware
 from stitchsim_service.gateway.routers import (
     checkpoints,
     datasets,
@@ -63,6 +63,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_handlers(app)
     app.add_middleware(MetricsMiddleware)
+    # Outside the metrics, so a disconnect is still counted (as a 499).
+    app.add_middleware(DisconnectMiddleware)
     # Every route that needs a key can answer 401, and 503 when the job table or store is down.
     keyed = {s: {"model": ErrorBody} for s in (401, 503)}
     for r in (checkpoints.router, datasets.router, similarity.router, jobs.router,
