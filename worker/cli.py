@@ -42,6 +42,8 @@ def _settings():  # type: ignore[no-untyped-def]
 
 
 GATEWAY_APP = "stitchsim_service.gateway.main:create_app"
+GATEWAY_PROTOCOL = "stitchsim_service.gateway.edge:GuardedProtocol"
+"""uvicorn's HTTP protocol with the edge's header timeout and connection cap."""
 """By import string: the worker side never imports the gateway (nor FastAPI) itself, and
 uvicorn could start several processes of it."""
 
@@ -51,7 +53,7 @@ def _run_gateway(host: str, port: int, log_level: str) -> None:
 
     _settings()  # flags and environment are applied: the app reads the same settings
     uvicorn.run(GATEWAY_APP, factory=True, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=10)
+                timeout_graceful_shutdown=10, http=GATEWAY_PROTOCOL)
 
 
 # ---------------------------------------------------------------- serve

@@ -38,6 +38,7 @@ _GENERIC = (
     _c("not_found", 404, True, False, "no such job, object or endpoint (for this key)"),
     _c("method_not_allowed", 405, True, False, "the endpoint does not take this method"),
     _c("conflict", 409, False, True, "the resource is not in a state that allows this"),
+    _c("request_timeout", 408, True, True, "the request's headers or body arrived too slowly"),
     _c("too_large", 413, True, False, "a file or body is over the service's size limit"),
     _c("unsupported_media_type", 415, True, False, "the body has a content type not accepted"),
     _c("invalid", 422, True, False, "the request was understood but refused"),
@@ -58,6 +59,10 @@ _ENTRIES = _GENERIC + (
     _c("idempotency_conflict", 409, True, False, "the Idempotency-Key was used for another "
        "request"),
     _c("too_many_jobs", 429, False, True, "the key has as many jobs in flight as allowed"),
+    _c("too_many_uploads", 429, False, True, "the key (or the service) is receiving as many "
+       "uploads at once as allowed"),
+    _c("too_many_connections", 503, False, True, "the service has as many connections open as "
+       "it allows"),
     _c("quota_exceeded", 413, True, False, "the key's storage quota would be exceeded"),
     _c("in_use", 409, False, True, "an active job of the key uses the object"),
     _c("builtin", 409, True, False, "built-in datasets cannot be deleted"),

@@ -15,6 +15,7 @@ from stitchsim_service.core.metrics import COLLECTOR
 from stitchsim_service.core.reaper import Reaper
 from stitchsim_service.core.settings import Settings, get_settings
 from stitchsim_service.core.tmpfiles import remove_orphaned_uploads
+from stitchsim_service.gateway.edge import BodyTimeoutMiddleware
 from stitchsim_service.gateway.errors import install_handlers
 from stitchsim_service.gateway.middleware import DisconnectMiddleware, MetricsMiddleware
 from stitchsim_service.gateway.routers import (
@@ -62,6 +63,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_handlers(app)
+    # Inside the metrics and the disconnect handling: a slow body is answered (408), counted.
+    app.add_middleware(BodyTimeoutMiddleware, settings=settings)
     app.add_middleware(MetricsMiddleware)
     # Outside the metrics, so a disconnect is still counted (as a 499).
     app.add_middleware(DisconnectMiddleware)
