@@ -85,6 +85,8 @@ _ENTRIES = _GENERIC + (
     _c("unstitchable_point", 422, True, False, "the stitch point's output cannot be stitched"),
     _c("invalid_input_size", 422, True, False, "the model cannot take that input size"),
     _c("images_too_small", 422, True, False, "the dataset's images are too small for a model"),
+    _c("device_unavailable", 422, True, False, "the spec asks for a device the workers do not "
+       "have"),
     _c("job_too_large", 422, True, False, "the job would take more than the service allows"),
     # How a job ended, when not with a report (JobStatus.error; never an HTTP answer).
     _c("cancelled", None, False, False, "the job was cancelled"),

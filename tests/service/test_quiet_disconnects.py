@@ -60,7 +60,11 @@ def test_aborted_uploads_log_one_line_each(service_factory, raw: bool) -> None: 
     assert "Traceback" not in text, text[-3000:]
     assert "ERROR" not in text, text[-3000:]
     disconnects = [line for line in lines if "disconnected" in line]
-    assert len(disconnects) == N_ABORTS // 2, lines[-20:]
+    # One line per aborted upload: the disconnect, or (when the reset beat the request to the
+    # app, so the peer address was already gone) the access line of its refusal.
+    about = [line for line in lines if "/checkpoints" in line]
+    assert len(about) == N_ABORTS // 2, about[-10:]
+    assert len(disconnects) >= N_ABORTS // 2 - 5, about[-10:]
     assert all(" INFO " in line for line in disconnects), disconnects[:3]
     assert len(text) < 300 * N_ABORTS, len(text)
     deadline = time.monotonic() + 10

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from stitchsim.models import Spec
 from stitchsim_worker.engine.data import Dataset, load_dataset
+from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.models import LoadedModel, meta_model
 from stitchsim_worker.engine.network import Network
@@ -35,6 +36,7 @@ def _network(spec: Spec, where: str, resources: Resources, data: Dataset) -> Net
 
 def check_spec(spec: Spec, *, resources: Resources) -> None:
     """Raises SpecError with what to fix; returns when the job can be prepared."""
+    pick_device(spec.device)  # checks workers run beside the job workers, on hosts alike
     data = load_dataset(spec.dataset, resources, spec.train)
     front_data = None
     if spec.front_dataset is not None:  # cross-task pairing: the front model's own task
