@@ -71,6 +71,8 @@ _ENTRIES = _GENERIC + (
     _c("job_cancelled", 409, False, False, "the job was cancelled: it has no report"),
     _c("job_finished", 409, False, False, "the job already ended and cannot be cancelled"),
     _c("report_unavailable", 503, False, True, "the report cannot be read from the store now"),
+    _c("spec_check_busy", 503, False, True, "no spec check answered in time; the job was not "
+       "queued"),
     _c("broker_unavailable", 503, False, True, "the job queue is unreachable"),
     _c("store_unavailable", 503, False, True, "the blob store cannot be read or written"),
     _c("database_unavailable", 503, False, True, "the job table is unreachable"),
@@ -85,6 +87,8 @@ _ENTRIES = _GENERIC + (
     _c("unstitchable_point", 422, True, False, "the stitch point's output cannot be stitched"),
     _c("invalid_input_size", 422, True, False, "the model cannot take that input size"),
     _c("images_too_small", 422, True, False, "the dataset's images are too small for a model"),
+    _c("model_too_large", 422, True, False, "a model of the spec has more parameters than the "
+       "service builds"),
     _c("device_unavailable", 422, True, False, "the spec asks for a device the workers do not "
        "have"),
     _c("job_too_large", 422, True, False, "the job would take more than the service allows"),

@@ -127,6 +127,8 @@ class CheckOutcome:
     checked: bool
     error: dict[str, Any] | None = None
     note: str = ""
+    busy: bool = False
+    """No answer in time: the checkers are busy or gone; the spec is unchecked."""
 
 
 class JobQueue:
@@ -162,12 +164,14 @@ class JobQueue:
         try:
             out = result.get(timeout=timeout, interval=0.05, propagate=True)
         except CeleryTimeout:
-            return CheckOutcome(False, note=f"no spec check answer within {timeout:g} s")
+            return CheckOutcome(False, note=f"no spec check answer within {timeout:g} s",
+                                busy=True)
         except Exception as exc:
-            # A broken checker must not block submissions: the worker will fail the job with
-            # the same reason, visibly.
+            # The checker died on this spec (killed for memory, a time limit) or is broken:
+            # unchecked either way, and an unchecked spec must not reach a GPU worker.
             log.warning("spec check failed unexpectedly: %r", exc)
-            return CheckOutcome(False, note=f"spec check failed: {exc}")
+            return CheckOutcome(False, note=f"spec check failed: {type(exc).__name__}",
+                                busy=True)
         finally:
             with contextlib.suppress(Exception):  # forgetting is housekeeping only
                 result.forget()

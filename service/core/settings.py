@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     check_timeout_s: float = Field(
         default=30.0, ge=0, description="how long submission waits for the spec check"
     )
+    check_retry_after_s: int = Field(
+        default=15, ge=1, description="Retry-After sent with 503 when no spec check answered "
+        "in time (the job is not queued unchecked)")
+    max_model_params: int = Field(
+        default=2_000_000_000, ge=1, description="parameters a model of a spec may have, "
+        "counted on the meta device before anything is allocated (422 model_too_large)")
     job_time_limit_s: int = Field(default=4 * 3600, ge=10)
     visibility_timeout_s: int | None = Field(
         default=None, description="Redis redelivery timeout; default time limit + 1 h"

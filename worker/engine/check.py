@@ -26,10 +26,23 @@ from stitchsim_worker.engine.resources import Resources
 META = torch.device("meta")
 
 
+def _check_size(model: LoadedModel, where: str, limit: int | None) -> None:
+    """Counted on the meta device, so a spec asking for a billion-class head costs nothing to
+    refuse."""
+    n = sum(p.numel() for p in model.net.parameters())
+    if limit is not None and n > limit:
+        raise SpecError(f"{where}: {model.arch} with arch_kwargs {model.arch_kwargs} has {n:,} "
+                        f"parameters, more than the {limit:,} this service builds "
+                        "(STITCHSIM_MAX_MODEL_PARAMS); use a smaller architecture or smaller "
+                        "arch_kwargs (num_classes, embed_dim, depth ...)",
+                        code="model_too_large", details={"parameters": n, "limit": limit})
+
+
 def _network(spec: Spec, where: str, resources: Resources, data: Dataset) -> Network:
     ref = getattr(spec, where)
     path, _ = resources.checkpoint(ref.checkpoint)
     model: LoadedModel = meta_model(ref, path, where=where, native_size=data.image_size)
+    _check_size(model, where, resources.max_model_params)
     check_classes(model, data, where)
     return Network(model, data.image_size, META, where)
 
