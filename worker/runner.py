@@ -39,7 +39,8 @@ def make_resources(ctx: Context) -> Any:
     # Service jobs name stored objects only: a path in a spec must never reach the disk.
     return Resources(cache_dir=cache, checkpoint_path=resolve("checkpoints"),
                      dataset_path=resolve("datasets"), allow_local_paths=False,
-                     max_model_params=ctx.settings.max_model_params)
+                     max_model_params=ctx.settings.max_model_params,
+                     max_job_units=ctx.settings.max_job_units)
 
 
 def _jsonable(value: Any) -> Any:

@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     max_model_params: int = Field(
         default=2_000_000_000, ge=1, description="parameters a model of a spec may have, "
         "counted on the meta device before anything is allocated (422 model_too_large)")
+    max_job_units: int | None = Field(
+        default=1_000_000, ge=1, description="work units (about one batch through a network "
+        "part; a default 4-point digits job in both directions and protocols is ~12k) a job "
+        "may take, counted at the spec check as its progress plan counts them (422 "
+        "job_too_large with the fields to shrink)")
     job_time_limit_s: int = Field(default=4 * 3600, ge=10)
     visibility_timeout_s: int | None = Field(
         default=None, description="Redis redelivery timeout; default time limit + 1 h"

@@ -1,5 +1,6 @@
 """Clear refusals at submission, through the gateway and the checks worker: images smaller than
-a model can use (1x1), and a device the workers do not have (`cuda:99`). Each is a 422 with its
+a model can use (1x1), a device the workers do not have (`cuda:99`), and a job above the
+per-job compute budget (every range at its top). Each is a 422 with its
 own code and what to change, and no job is created."""
 
 from __future__ import annotations
@@ -46,3 +47,16 @@ def test_a_device_the_workers_lack_is_refused(live_service, pair) -> None:  # ty
     assert err["code"] == "device_unavailable", err
     assert "cuda:99" in err["message"] and "auto" in err["message"], err
     assert "cpu" in err["details"]["available"], err
+
+
+def test_a_job_above_the_compute_budget_is_refused(live_service, pair) -> None:  # type: ignore[no-untyped-def]
+    resnet, _ = pair
+    spec = tiny_spec({"checkpoint": resnet}, {"checkpoint": resnet},
+                     protocols=["standard", "invariance_aware"], iri={"steps": 10_000},
+                     train={"epochs": 1000, "seeds": 20, "batch_size": 1})
+    err = _refusal(live_service, spec)
+    assert err["code"] == "job_too_large", err
+    assert err["details"]["units"] > err["details"]["limit"], err
+    shrink = " ".join(err["details"]["shrink"])
+    for field in ("train.epochs", "train.seeds", "train.batch_size", "iri.steps"):
+        assert field in shrink and field in err["message"], (field, err)

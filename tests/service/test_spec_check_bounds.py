@@ -5,6 +5,8 @@
   queued unchecked (it used to be accepted with 202).
 - A model with more parameters than STITCHSIM_MAX_MODEL_PARAMS is refused with 422
   model_too_large, counted on the meta device (two architectures).
+- A job above STITCHSIM_MAX_JOB_UNITS (its progress plan's count) is refused with 422
+  job_too_large, naming the fields that make it large.
 """
 
 from __future__ import annotations
@@ -50,3 +52,20 @@ def test_models_above_the_parameter_cap_are_refused(ckpts, tmp_path, model: str)
     assert err.code == "model_too_large", err.message
     assert err.details["limit"] == 50_000 and err.details["parameters"] > 50_000
     assert "STITCHSIM_MAX_MODEL_PARAMS" in err.message
+
+
+@pytest.mark.parametrize("model", ["digits_resnet", "digits_vit"])
+def test_the_budget_counts_what_the_plan_counts(ckpts, tmp_path, model: str) -> None:  # type: ignore[no-untyped-def]
+    from stitchsim_worker.engine import Resources, SpecError, check_spec
+
+    path = {"path": str(getattr(ckpts, model))}
+    small = Spec.model_validate(tiny_spec({"checkpoint": path}, {"checkpoint": path}))
+    check_spec(small, resources=Resources(cache_dir=tmp_path, max_job_units=100))
+    big = small.model_copy(update={"train": small.train.model_copy(update={"epochs": 200})})
+    with pytest.raises(SpecError) as info:
+        check_spec(big, resources=Resources(cache_dir=tmp_path, max_job_units=100))
+    err = info.value
+    assert err.code == "job_too_large", err.message
+    assert err.details["shrink"][0].startswith("train.epochs"), err.details
+    # 200 epochs of 200 samples at batch 128: two batches an epoch, about 400 units in all.
+    assert 400 <= err.details["units"] < 500, err.details

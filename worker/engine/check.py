@@ -16,6 +16,7 @@ from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.models import LoadedModel, meta_model
 from stitchsim_worker.engine.network import Network
+from stitchsim_worker.engine.plan import job_units, what_to_shrink
 from stitchsim_worker.engine.preparation import (
     check_classes,
     check_protocols,
@@ -57,6 +58,23 @@ def check_spec(spec: Spec, *, resources: Resources) -> None:
     check_protocols(spec, data, front_data)
     front = _network(spec, "front", resources, front_data or data)
     back = _network(spec, "back", resources, data)
-    if not pair_points_of(spec, front, back):
+    pairs = pair_points_of(spec, front, back)
+    if not pairs:
         raise SpecError("no stitch points could be paired between the two models",
                         code="unknown_layer")
+    _check_budget(spec, len(data.train), len(data.test), len(pairs), resources.max_job_units)
+
+
+def _check_budget(spec: Spec, n_tr: int, n_te: int, n_pairs: int, limit: int | None) -> None:
+    """The job's work, counted as its progress plan will count it, against the per-job limit."""
+    units = job_units(spec, n_tr, n_te, n_pairs)
+    if limit is None or units <= limit:
+        return
+    shrink = what_to_shrink(spec, n_pairs)
+    raise SpecError(
+        f"the job would take {units:,} work units (about one batch through a network part "
+        f"each), more than the {limit:,} this service allows per job (STITCHSIM_MAX_JOB_UNITS); "
+        f"shrink {', '.join(shrink[:4]) or 'the dataset or the stitch points'}",
+        code="job_too_large",
+        details={"units": units, "limit": limit, "shrink": shrink,
+                 "n_train": n_tr, "n_test": n_te, "stitch_pairs": n_pairs})

@@ -32,6 +32,8 @@ class Resources:
     memory_budget_bytes: int = 2 * 1024**3
     max_model_params: int | None = None
     """Parameters a model may have (None: no limit, as in `stitchsim-server run`)."""
+    max_job_units: int | None = None
+    """Work units (plan.py) a job may take (None: no limit)."""
 
     def checkpoint(self, ref: str | LocalPath) -> tuple[Path, str]:
         """Local file and the content id it is reported under."""
