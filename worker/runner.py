@@ -63,6 +63,18 @@ def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any] | N
     return None
 
 
+def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
+    """The engine counts done/total over the whole job, so the ETA is the job's rate so far.
+    `elapsed` runs from when the plan was made: preparation (loading, measuring the
+    preprocessing) is not in the units, and charging it to them overstated early ETAs 3-7x
+    (bench/eta_accuracy.py)."""
+    if 0 < done < total:
+        return round(elapsed / done * (total - done), 1)
+    if total and done >= total:
+        return 0.0
+    return None
+
+
 class _Tracker:
     """Heartbeat thread + progress + cancel flag for one attempt."""
 
@@ -73,7 +85,7 @@ class _Tracker:
         self._lock = threading.Lock()
         self._progress = Progress(stage="starting")
         self._dirty = True
-        self._started = time.monotonic()
+        self._planned: float | None = None  # when the plan was made: the units' clock
         self._cancel = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stitchsim-heartbeat",
@@ -87,15 +99,12 @@ class _Tracker:
         self._thread.join(timeout=10)
 
     def progress(self, stage: str, done: int, total: int) -> None:
-        # The engine counts done/total over the whole job, so the ETA is the job's rate so far.
         now = time.monotonic()
         with self._lock:
+            if total and self._planned is None:
+                self._planned = now
             changed = stage != self._progress.stage
-            eta = None
-            if 0 < done < total:
-                eta = round((now - self._started) / done * (total - done), 1)
-            elif total and done >= total:
-                eta = 0.0
+            eta = eta_seconds(now - (self._planned or now), done, total)
             self._progress = Progress(stage=stage, done=done, total=total, eta_s=eta)
             self._dirty = True
         if changed:
