@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 log = logging.getLogger("stitchsim.server")
 
@@ -183,6 +184,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
 
     name = expand_node_name(args.name or "celery@%h")
+    name_lock: IO[bytes] | None
     try:
         # Held until this process and its pool children are gone; a previous holder in its
         # cold shutdown gets the grace period and some to let go.
@@ -191,6 +193,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except NameTaken as exc:
         print(f"stitchsim-server worker: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a read-only data dir: run, but the name is not guarded
+        log.warning("cannot lock the node name %s (%s); a second worker could take it", name,
+                    exc)
+        name_lock = None
     watch_lifeline(settings.shutdown_grace_s)
     from stitchsim_worker.celery_app import app
 
@@ -200,7 +206,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     try:
         app.worker_main(argv)
     finally:
-        name_lock.close()
+        if name_lock is not None:
+            name_lock.close()
     return 0
 
 
