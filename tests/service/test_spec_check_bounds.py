@@ -59,7 +59,8 @@ def test_the_budget_counts_what_the_plan_counts(ckpts, tmp_path, model: str) -> 
     from stitchsim_worker.engine import Resources, SpecError, check_spec
 
     path = {"path": str(getattr(ckpts, model))}
-    small = Spec.model_validate(tiny_spec({"checkpoint": path}, {"checkpoint": path}))
+    small = Spec.model_validate(tiny_spec({"checkpoint": path}, {"checkpoint": path},
+                                          layers="auto"))
     check_spec(small, resources=Resources(cache_dir=tmp_path, max_job_units=100))
     big = small.model_copy(update={"train": small.train.model_copy(update={"epochs": 200})})
     with pytest.raises(SpecError) as info:
@@ -67,5 +68,7 @@ def test_the_budget_counts_what_the_plan_counts(ckpts, tmp_path, model: str) -> 
     err = info.value
     assert err.code == "job_too_large", err.message
     assert err.details["shrink"][0].startswith("train.epochs"), err.details
-    # 200 epochs of 200 samples at batch 128: two batches an epoch, about 400 units in all.
-    assert 400 <= err.details["units"] < 500, err.details
+    # 200 epochs of 200 samples at batch 128: two batches an epoch, about 400 units per stitch
+    # pair, plus a few evaluation batches.
+    pairs = err.details["stitch_pairs"]
+    assert pairs >= 2 and 400 * pairs <= err.details["units"] < 500 * pairs, err.details
