@@ -21,6 +21,7 @@ from stitchsim_service.core.context import Context
 from stitchsim_service.core.db import forget_inherited_databases
 from stitchsim_service.core.queue import RUN_TASK, make_celery
 from stitchsim_service.core.settings import get_settings
+from stitchsim_worker.lifeline import die_with_parent
 
 log = logging.getLogger("stitchsim.worker")
 
@@ -42,6 +43,8 @@ def worker_context() -> Context:
 
 @worker_process_init.connect
 def _child_init(**_: Any) -> None:
+    # A job must not go on computing in an orphan once its worker is gone (kill -9, OOM).
+    die_with_parent()
     forget_inherited_databases()
     # Import the engine (torch, timm) in the child, after the fork: the parent stays light and
     # never initialises CUDA, and the first task does not pay for the import.

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 log = logging.getLogger("stitchsim.server")
 
@@ -42,6 +43,8 @@ def _settings():  # type: ignore[no-untyped-def]
 
 
 GATEWAY_APP = "stitchsim_service.gateway.main:create_app"
+GATEWAY_PROTOCOL = "stitchsim_service.gateway.edge:GuardedProtocol"
+"""uvicorn's HTTP protocol with the edge's header timeout and connection cap."""
 """By import string: the worker side never imports the gateway (nor FastAPI) itself, and
 uvicorn could start several processes of it."""
 
@@ -51,7 +54,7 @@ def _run_gateway(host: str, port: int, log_level: str) -> None:
 
     _settings()  # flags and environment are applied: the app reads the same settings
     uvicorn.run(GATEWAY_APP, factory=True, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=10)
+                timeout_graceful_shutdown=10, http=GATEWAY_PROTOCOL)
 
 
 # ---------------------------------------------------------------- serve
@@ -63,13 +66,28 @@ class Supervisor:
     def __init__(self, commands: list[list[str]]):
         self.commands = commands
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * len(commands)
+        # Write ends of the workers' lifelines: only this process holds them, so they close
+        # (and the workers shut down) however it dies.
+        self._lifelines: list[int | None] = [None] * len(commands)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
 
     def _spawn(self, i: int) -> None:
-        # Own session: a signal to the worker reaches its pool children, and ^C in the terminal
-        # reaches only serve, which shuts the workers down in order.
-        self.procs[i] = subprocess.Popen(self.commands[i], start_new_session=True)
+        from stitchsim_worker.lifeline import PIPE_ENV
+
+        old = self._lifelines[i]
+        if old is not None:
+            os.close(old)
+        read_end, write_end = os.pipe()
+        env = {**os.environ, PIPE_ENV: str(read_end)}
+        try:
+            # Own session: a signal to the worker reaches its pool children, and ^C in the
+            # terminal reaches only serve, which shuts the workers down in order.
+            self.procs[i] = subprocess.Popen(self.commands[i], start_new_session=True, env=env,
+                                             pass_fds=(read_end,))
+        finally:
+            os.close(read_end)
+        self._lifelines[i] = write_end
 
     def start(self) -> None:
         for i in range(len(self.commands)):
@@ -156,15 +174,40 @@ def cmd_gateway(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     _apply_env(args)
-    concurrency = args.concurrency or _settings().worker_concurrency
+    settings = _settings()
+    concurrency = args.concurrency or settings.worker_concurrency
+    from stitchsim_worker.lifeline import (
+        NameTaken,
+        expand_node_name,
+        hold_node_name,
+        watch_lifeline,
+    )
+
+    name = expand_node_name(args.name or "celery@%h")
+    name_lock: IO[bytes] | None
+    try:
+        # Held until this process and its pool children are gone; a previous holder in its
+        # cold shutdown gets the grace period and some to let go.
+        name_lock = hold_node_name(settings.data_dir / "workers", name,
+                                   wait_s=settings.shutdown_grace_s + 15.0)
+    except NameTaken as exc:
+        print(f"stitchsim-server worker: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a read-only data dir: run, but the name is not guarded
+        log.warning("cannot lock the node name %s (%s); a second worker could take it", name,
+                    exc)
+        name_lock = None
+    watch_lifeline(settings.shutdown_grace_s)
     from stitchsim_worker.celery_app import app
 
     argv = ["worker", "--queues", args.queues, "--concurrency", str(concurrency),
             "--loglevel", args.loglevel.upper(), "--without-gossip", "--without-mingle",
-            "--without-heartbeat", "--pool", "prefork"]
-    if args.name:
-        argv += ["--hostname", args.name]
-    app.worker_main(argv)
+            "--without-heartbeat", "--pool", "prefork", "--hostname", name]
+    try:
+        app.worker_main(argv)
+    finally:
+        if name_lock is not None:
+            name_lock.close()
     return 0
 
 

@@ -38,7 +38,9 @@ def make_resources(ctx: Context) -> Any:
 
     # Service jobs name stored objects only: a path in a spec must never reach the disk.
     return Resources(cache_dir=cache, checkpoint_path=resolve("checkpoints"),
-                     dataset_path=resolve("datasets"), allow_local_paths=False)
+                     dataset_path=resolve("datasets"), allow_local_paths=False,
+                     max_model_params=ctx.settings.max_model_params,
+                     max_job_units=ctx.settings.max_job_units)
 
 
 def _jsonable(value: Any) -> Any:
@@ -61,6 +63,18 @@ def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any] | N
     return None
 
 
+def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
+    """The engine counts done/total over the whole job, so the ETA is the job's rate so far.
+    `elapsed` runs from when the plan was made: preparation (loading, measuring the
+    preprocessing) is not in the units, and charging it to them overstated early ETAs 3-7x
+    (bench/eta_accuracy.py)."""
+    if 0 < done < total:
+        return round(elapsed / done * (total - done), 1)
+    if total and done >= total:
+        return 0.0
+    return None
+
+
 class _Tracker:
     """Heartbeat thread + progress + cancel flag for one attempt."""
 
@@ -71,7 +85,7 @@ class _Tracker:
         self._lock = threading.Lock()
         self._progress = Progress(stage="starting")
         self._dirty = True
-        self._started = time.monotonic()
+        self._planned: float | None = None  # when the plan was made: the units' clock
         self._cancel = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stitchsim-heartbeat",
@@ -85,15 +99,12 @@ class _Tracker:
         self._thread.join(timeout=10)
 
     def progress(self, stage: str, done: int, total: int) -> None:
-        # The engine counts done/total over the whole job, so the ETA is the job's rate so far.
         now = time.monotonic()
         with self._lock:
+            if total and self._planned is None:
+                self._planned = now
             changed = stage != self._progress.stage
-            eta = None
-            if 0 < done < total:
-                eta = round((now - self._started) / done * (total - done), 1)
-            elif total and done >= total:
-                eta = 0.0
+            eta = eta_seconds(now - (self._planned or now), done, total)
             self._progress = Progress(stage=stage, done=done, total=total, eta_s=eta)
             self._dirty = True
         if changed:
@@ -148,6 +159,11 @@ def execute_job(ctx: Context, job_id: str, worker: str) -> str:
     finally:
         tracker.stop()
     state = outcome.pop("state")
+    if state == "failed" and tracker.should_cancel():
+        # The user asked to stop and it stopped: whatever the interrupted stage raised on its
+        # way out, the job ends as the user meant it to.
+        log.info("job %s: cancelled (stopped with %s)", job_id, outcome.get("error_code"))
+        state, outcome = "cancelled", {}
     if not jobs.finish(ctx, claim, state, **outcome):
         log.warning("job %s: attempt %d was superseded; outcome %s dropped", job_id,
                     claim.attempt, state)
@@ -186,11 +202,15 @@ def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> dict[str,
         return {"state": "failed", "error_code": exc.code, "error_message": exc.message,
                 "error_details": _jsonable(exc.details)}
     except SoftTimeLimitExceeded:
-        limit = ctx.settings.job_time_limit_s
+        # The soft limit is what fired (the hard one, STITCHSIM_JOB_TIME_LIMIT_S, kills the
+        # process without a word): name the time the job actually had.
+        from stitchsim_service.core.queue import soft_time_limit_s
+
+        limit = soft_time_limit_s(ctx.settings)
         return {"state": "failed", "error_code": "time_limit",
-                "error_message": f"the job ran past the time limit ({limit} s, "
-                                 "STITCHSIM_JOB_TIME_LIMIT_S); ask for fewer stitch points, "
-                                 "epochs or IRI steps"}
+                "error_message": f"the job ran past its time limit of {limit} s "
+                                 "(STITCHSIM_JOB_TIME_LIMIT_S less a 30 s margin to stop "
+                                 "cleanly); ask for fewer stitch points, epochs or IRI steps"}
     except MemoryError:
         return {"state": "failed", "error_code": "out_of_memory",
                 "error_message": "the worker ran out of memory; use a smaller batch size, "

@@ -38,6 +38,7 @@ _GENERIC = (
     _c("not_found", 404, True, False, "no such job, object or endpoint (for this key)"),
     _c("method_not_allowed", 405, True, False, "the endpoint does not take this method"),
     _c("conflict", 409, False, True, "the resource is not in a state that allows this"),
+    _c("request_timeout", 408, True, True, "the request's headers or body arrived too slowly"),
     _c("too_large", 413, True, False, "a file or body is over the service's size limit"),
     _c("unsupported_media_type", 415, True, False, "the body has a content type not accepted"),
     _c("invalid", 422, True, False, "the request was understood but refused"),
@@ -58,6 +59,10 @@ _ENTRIES = _GENERIC + (
     _c("idempotency_conflict", 409, True, False, "the Idempotency-Key was used for another "
        "request"),
     _c("too_many_jobs", 429, False, True, "the key has as many jobs in flight as allowed"),
+    _c("too_many_uploads", 429, False, True, "the key (or the service) is receiving as many "
+       "uploads at once as allowed"),
+    _c("too_many_connections", 503, False, True, "the service has as many connections open as "
+       "it allows"),
     _c("quota_exceeded", 413, True, False, "the key's storage quota would be exceeded"),
     _c("in_use", 409, False, True, "an active job of the key uses the object"),
     _c("builtin", 409, True, False, "built-in datasets cannot be deleted"),
@@ -66,6 +71,8 @@ _ENTRIES = _GENERIC + (
     _c("job_cancelled", 409, False, False, "the job was cancelled: it has no report"),
     _c("job_finished", 409, False, False, "the job already ended and cannot be cancelled"),
     _c("report_unavailable", 503, False, True, "the report cannot be read from the store now"),
+    _c("spec_check_busy", 503, False, True, "no spec check answered in time; the job was not "
+       "queued"),
     _c("broker_unavailable", 503, False, True, "the job queue is unreachable"),
     _c("store_unavailable", 503, False, True, "the blob store cannot be read or written"),
     _c("database_unavailable", 503, False, True, "the job table is unreachable"),
@@ -80,6 +87,10 @@ _ENTRIES = _GENERIC + (
     _c("unstitchable_point", 422, True, False, "the stitch point's output cannot be stitched"),
     _c("invalid_input_size", 422, True, False, "the model cannot take that input size"),
     _c("images_too_small", 422, True, False, "the dataset's images are too small for a model"),
+    _c("model_too_large", 422, True, False, "a model of the spec has more parameters than the "
+       "service builds"),
+    _c("device_unavailable", 422, True, False, "the spec asks for a device the workers do not "
+       "have"),
     _c("job_too_large", 422, True, False, "the job would take more than the service allows"),
     # How a job ended, when not with a report (JobStatus.error; never an HTTP answer).
     _c("cancelled", None, False, False, "the job was cancelled"),

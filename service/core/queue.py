@@ -64,6 +64,11 @@ def broker_url(settings: Settings) -> str:
     return f"stitchsim-sqla+sqlite:///{settings.data_dir.resolve() / 'broker.db'}"
 
 
+def soft_time_limit_s(settings: Settings) -> int:
+    """When a job is told to stop (SoftTimeLimitExceeded): 30 s before the hard limit kills it."""
+    return max(settings.job_time_limit_s - 30, 1)
+
+
 def celery_config(settings: Settings) -> dict[str, Any]:
     conf: dict[str, Any] = {
         "broker_url": broker_url(settings),
@@ -78,7 +83,7 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "task_time_limit": settings.job_time_limit_s,
-        "task_soft_time_limit": max(settings.job_time_limit_s - 30, 1),
+        "task_soft_time_limit": soft_time_limit_s(settings),
         "task_default_queue": GPU_QUEUE,
         "task_routes": {RUN_TASK: {"queue": GPU_QUEUE}, CHECK_TASK: {"queue": CHECKS_QUEUE}},
         "result_expires": 3600,
@@ -122,6 +127,8 @@ class CheckOutcome:
     checked: bool
     error: dict[str, Any] | None = None
     note: str = ""
+    busy: bool = False
+    """No answer in time: the checkers are busy or gone; the spec is unchecked."""
 
 
 class JobQueue:
@@ -157,12 +164,14 @@ class JobQueue:
         try:
             out = result.get(timeout=timeout, interval=0.05, propagate=True)
         except CeleryTimeout:
-            return CheckOutcome(False, note=f"no spec check answer within {timeout:g} s")
+            return CheckOutcome(False, note=f"no spec check answer within {timeout:g} s",
+                                busy=True)
         except Exception as exc:
-            # A broken checker must not block submissions: the worker will fail the job with
-            # the same reason, visibly.
+            # The checker died on this spec (killed for memory, a time limit) or is broken:
+            # unchecked either way, and an unchecked spec must not reach a GPU worker.
             log.warning("spec check failed unexpectedly: %r", exc)
-            return CheckOutcome(False, note=f"spec check failed: {exc}")
+            return CheckOutcome(False, note=f"spec check failed: {type(exc).__name__}",
+                                busy=True)
         finally:
             with contextlib.suppress(Exception):  # forgetting is housekeeping only
                 result.forget()

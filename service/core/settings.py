@@ -56,6 +56,17 @@ class Settings(BaseSettings):
     check_timeout_s: float = Field(
         default=30.0, ge=0, description="how long submission waits for the spec check"
     )
+    check_retry_after_s: int = Field(
+        default=15, ge=1, description="Retry-After sent with 503 when no spec check answered "
+        "in time (the job is not queued unchecked)")
+    max_model_params: int = Field(
+        default=2_000_000_000, ge=1, description="parameters a model of a spec may have, "
+        "counted on the meta device before anything is allocated (422 model_too_large)")
+    max_job_units: int | None = Field(
+        default=1_000_000, ge=1, description="work units (about one batch through a network "
+        "part; a default 4-point digits job in both directions and protocols is ~12k) a job "
+        "may take, counted at the spec check as its progress plan counts them (422 "
+        "job_too_large with the fields to shrink)")
     job_time_limit_s: int = Field(default=4 * 3600, ge=10)
     visibility_timeout_s: int | None = Field(
         default=None, description="Redis redelivery timeout; default time limit + 1 h"
@@ -72,6 +83,25 @@ class Settings(BaseSettings):
         "keep stored (413 beyond); overridable per key like the job limit")
     quota_retry_after_s: int = Field(
         default=30, ge=1, description="Retry-After sent with 429 when a key has too many jobs")
+    header_timeout_s: float = Field(
+        default=15.0, gt=0, description="a connection's request headers must be complete this "
+        "long after it opens (or after its previous response); else 408 and closed")
+    body_read_timeout_s: float = Field(
+        default=30.0, gt=0, description="longest wait for the next piece of a request body "
+        "(408 beyond; the upload's spool file is removed)")
+    min_body_rate_bytes_s: int = Field(
+        default=16 * 1024, ge=0, description="once body_read_timeout_s has passed, a body must "
+        "have arrived at this average rate (408 below): a byte every few seconds is refused")
+    max_connections: int = Field(
+        default=500, ge=1, description="open connections per gateway process; beyond, new "
+        "ones get 503 with Retry-After and are closed")
+    max_concurrent_uploads: int = Field(
+        default=32, ge=1, description="requests with a file body received at once per "
+        "gateway process (429 beyond)")
+    max_concurrent_uploads_per_key: int = Field(
+        default=4, ge=1, description="of those, how many one key may send at once (429 beyond)")
+    upload_retry_after_s: int = Field(
+        default=5, ge=1, description="Retry-After sent when no upload slot is free")
     cache_dir: Path | None = Field(default=None, description="worker cache; <data_dir>/cache")
     worker_concurrency: int = Field(default=1, ge=1)
     shutdown_grace_s: float = Field(

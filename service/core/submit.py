@@ -203,8 +203,9 @@ def check_spec(ctx: Context, spec_doc: dict[str, Any]) -> None:
     """The submission-time spec check: a check worker tries the spec without running it
     (architecture, kwargs, weights against the checkpoint's header, stitch points), so a spec
     that cannot work is refused now, not after the job waited in the queue. Without an answer
-    in time the job is queued unchecked (the run worker fails it with the same reason,
-    visibly)."""
+    in time the submission is refused with 503 and Retry-After: one key's slow specs must not
+    let another key's broken spec through to a GPU worker unchecked. Only an operator who
+    switched checks off (STITCHSIM_CHECK_TIMEOUT_S=0) queues specs unchecked."""
     assert ctx.queue is not None
     outcome = ctx.queue.check_spec(spec_doc, ctx.settings.check_timeout_s)
     if outcome.error is not None:
@@ -215,5 +216,12 @@ def check_spec(ctx: Context, spec_doc: dict[str, Any]) -> None:
             code = "invalid_spec"
         raise DomainError(code, str(err.get("message") or "the spec cannot work"),
                           err.get("details"))
+    if outcome.busy:
+        log.warning("submission refused: %s", outcome.note)
+        raise DomainError("spec_check_busy",
+                          f"the spec could not be checked now ({outcome.note}); the job was not "
+                          "queued: retry after the time Retry-After gives",
+                          {"check_timeout_s": ctx.settings.check_timeout_s},
+                          retry_after=ctx.settings.check_retry_after_s)
     if not outcome.checked:
         log.info("job accepted unchecked: %s", outcome.note)

@@ -15,8 +15,9 @@ from stitchsim_service.core.metrics import COLLECTOR
 from stitchsim_service.core.reaper import Reaper
 from stitchsim_service.core.settings import Settings, get_settings
 from stitchsim_service.core.tmpfiles import remove_orphaned_uploads
+from stitchsim_service.gateway.edge import BodyTimeoutMiddleware
 from stitchsim_service.gateway.errors import install_handlers
-from stitchsim_service.gateway.middleware import MetricsMiddleware
+from stitchsim_service.gateway.middleware import DisconnectMiddleware, MetricsMiddleware
 from stitchsim_service.gateway.routers import (
     checkpoints,
     datasets,
@@ -62,7 +63,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_handlers(app)
+    # Inside the metrics and the disconnect handling: a slow body is answered (408), counted.
+    app.add_middleware(BodyTimeoutMiddleware, settings=settings)
     app.add_middleware(MetricsMiddleware)
+    # Outside the metrics, so a disconnect is still counted (as a 499).
+    app.add_middleware(DisconnectMiddleware)
     # Every route that needs a key can answer 401, and 503 when the job table or store is down.
     keyed = {s: {"model": ErrorBody} for s in (401, 503)}
     for r in (checkpoints.router, datasets.router, similarity.router, jobs.router,

@@ -1,11 +1,15 @@
-"""Counts and times every HTTP request into the core's Prometheus registry."""
+"""ASGI middleware of the gateway: request metrics, and quiet handling of clients that leave."""
 
 from __future__ import annotations
 
+import logging
 import time
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from stitchsim_service.core.metrics import LATENCY, REQUESTS
+
+log = logging.getLogger("stitchsim.service")
 
 
 class MetricsMiddleware:
@@ -29,6 +33,9 @@ class MetricsMiddleware:
 
         try:
             await self.app(scope, receive, send_wrapper)
+        except ClientDisconnect:
+            status = 499  # nginx's "client closed request": not an error of ours
+            raise
         finally:
             route = scope.get("route")
             # The route template, not the raw path, so job ids do not explode the label space.
@@ -36,3 +43,32 @@ class MetricsMiddleware:
             method = scope.get("method", "")
             REQUESTS.labels(method, name, str(status)).inc()
             LATENCY.labels(method, name).observe(time.perf_counter() - start)
+
+
+class DisconnectMiddleware:
+    """A client that goes away mid-request (a killed upload, a dropped network) is routine at a
+    public edge: one INFO line with what was received, instead of an ERROR and a traceback per
+    disconnect (9 KB each: a thousand aborted uploads made 9 MB of log). Whatever the request
+    had spooled is removed by the upload receiver on the way out."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        except ClientDisconnect:
+            client = scope.get("client") or ("?", 0)
+            log.info("client %s disconnected during %s %s after %d body bytes", client[0],
+                     scope.get("method", ""), scope.get("path", ""), received)

@@ -178,7 +178,7 @@ def test_registry_entries_are_coherent(code: str) -> None:
     entry = codes.CODES[code]
     assert entry.code == code and entry.meaning
     if entry.status is not None:
-        assert entry.status in (400, 401, 403, 404, 405, 409, 413, 415, 422, 429, 500, 503)
+        assert entry.status in (400, 401, 403, 404, 405, 408, 409, 413, 415, 422, 429, 500, 503)
         if entry.status >= 500 or entry.status == 429:
             assert not entry.user_fault and (entry.retry or entry.status == 500)
         if entry.status in (400, 401, 403, 413, 415, 422):

@@ -7,15 +7,26 @@ import os
 from collections.abc import Iterator
 
 import torch
+from stitchsim_worker.engine.errors import SpecError
 
 
 def pick_device(requested: str) -> torch.device:
-    """'auto' takes the GPU the environment grants (CUDA_VISIBLE_DEVICES), else the CPU."""
+    """'auto' takes the GPU the environment grants (CUDA_VISIBLE_DEVICES), else the CPU. A
+    device asked for by name must exist here: a job that silently ran on the CPU instead of
+    `cuda:1` would be slow and wrongly labelled, so it is refused with what there is."""
     if requested == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if requested.startswith("cuda") and not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device(requested)
+    device = torch.device(requested)
+    if device.type != "cuda":
+        return device
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = 0 if device.index is None else device.index
+    if index >= count:
+        have = ", ".join(["cpu"] + [f"cuda:{i}" for i in range(count)])
+        raise SpecError(f"device {requested!r} is not available on this service's workers "
+                        f"(they have: {have}); use \"auto\" to take what a worker has",
+                        code="device_unavailable", details={"available": have.split(", ")})
+    return device
 
 
 def bf16_enabled(device: torch.device) -> bool:

@@ -1,11 +1,13 @@
-"""The progress plan: a job's work counted up front in units (about one batch through a
-network part), from the registered entries' costs, so progress and ETA cover the whole job."""
+"""The progress plan: a job's work counted up front in units (about one batch through a network
+part), from the registered entries' costs, so progress and ETA cover the whole job. The same
+count is the job's compute budget at submission (check.py): a spec above the operator's limit
+is refused before it is queued, with the fields that make it large."""
 
 from __future__ import annotations
 
 import math
 
-from stitchsim.models import Spec
+from stitchsim.models import AdversarialSettings, IRISettings, Spec, TrainSettings
 from stitchsim_worker.engine.context import EVAL_BATCH
 from stitchsim_worker.engine.controls import CONTROLS, controls_to_run
 from stitchsim_worker.engine.measures import measure_units
@@ -15,7 +17,11 @@ from stitchsim_worker.engine.protocols import PROTOCOLS
 
 
 def plan_units(spec: Spec, prep: Prepared) -> int:
-    n_tr, n_te = len(prep.data.train), len(prep.data.test)
+    return job_units(spec, len(prep.data.train), len(prep.data.test), len(prep.pairs))
+
+
+def job_units(spec: Spec, n_tr: int, n_te: int, n_pairs: int) -> int:
+    """The whole job's units from the dataset's split sizes and the number of stitch pairs."""
     per_fit = spec.train.seeds * sum(OBJECTIVES[o].cost(n_tr, spec.train) for o in spec.objectives)
     if spec.adversarial.evaluate:  # PGD against each stitched model on the test split
         per_fit += (spec.train.seeds * len(spec.objectives) * spec.adversarial.steps
@@ -26,6 +32,33 @@ def plan_units(spec: Spec, prep: Prepared) -> int:
     ]
     per_run = 3 * math.ceil(n_te / EVAL_BATCH) + sum(per_protocol)
     runs = 1 + sum(CONTROLS[c].runs(spec) for c in controls_to_run(spec))
-    stitches = len(spec.direction_list()) * len(prep.pairs)
+    stitches = len(spec.direction_list()) * n_pairs
     return (2 * math.ceil(n_te / EVAL_BATCH) + stitches * per_run * runs
             + measure_units(spec, n_tr, n_te, stitches))
+
+
+_TRAIN, _IRI = TrainSettings(), IRISettings()
+
+
+def what_to_shrink(spec: Spec, n_pairs: int) -> list[str]:
+    """The spec's fields that multiply its cost beyond the defaults, largest factor first."""
+    factors = {
+        "train.epochs": spec.train.epochs / _TRAIN.epochs,
+        "train.seeds": spec.train.seeds / _TRAIN.seeds,
+        "train.batch_size (larger is cheaper)": _TRAIN.batch_size / spec.train.batch_size,
+        "layers": float(n_pairs),
+        "objectives": float(len(spec.objectives)),
+        "protocols": float(len(spec.protocols)),
+        "directions": float(len(spec.direction_list())),
+        "controls / control_settings": float(
+            1 + sum(CONTROLS[c].runs(spec) for c in controls_to_run(spec))),
+    }
+    if "invariance_aware" in spec.protocols:
+        factors["iri.steps"] = spec.iri.steps / _IRI.steps
+        factors["iri.batch_size (larger is cheaper)"] = _IRI.batch_size / spec.iri.batch_size
+    if "adversarial" in spec.protocols or spec.adversarial.evaluate:
+        factors["adversarial.steps"] = spec.adversarial.steps / AdversarialSettings().steps
+    if spec.train.max_train_samples is None:
+        factors["train.max_train_samples (unset: the whole training split)"] = 2.0
+    ranked = sorted(((f, name) for name, f in factors.items() if f > 1.0), reverse=True)
+    return [f"{name} (x{f:.3g})" for f, name in ranked]

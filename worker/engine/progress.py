@@ -1,9 +1,13 @@
-"""Job progress in work units (one unit ~ one batch through a network part)."""
+"""Job progress in work units (one unit ~ one batch through a network part), and the job's
+cancellation point: every stage boundary and every unit of work checks the cancel flag, so a
+cancelled job stops within a batch in any stage (preparation, extraction, IRIs, training,
+controls), not only where a loop remembers to ask."""
 
 from __future__ import annotations
 
 import time
 
+from stitchsim_worker.engine.errors import JobCancelled
 from stitchsim_worker.engine.resources import CancelFn, ProgressFn
 
 _MIN_INTERVAL_S = 0.5
@@ -29,16 +33,24 @@ class Tracker:
     def where(self) -> dict[str, str | None]:
         return {"stage": self.stage, **self._focus}
 
+    def check_cancel(self) -> None:
+        """Raises JobCancelled once the job's cancel flag is up."""
+        if self.should_cancel():
+            raise JobCancelled()
+
     def plan(self, units: int) -> None:
+        self.check_cancel()
         self.total += units
         self._emit(force=True)
 
     def enter(self, stage: str) -> None:
+        self.check_cancel()
         self._close_stage()
         self.stage = stage
         self._emit(force=True)
 
     def step(self, units: int = 1) -> None:
+        self.check_cancel()
         self.done = min(self.total, self.done + units)
         self._emit()
 

@@ -30,6 +30,10 @@ class Resources:
     dataset_path: Callable[[str], Path] = field(default_factory=lambda: _no_store("dataset"))
     allow_local_paths: bool = True
     memory_budget_bytes: int = 2 * 1024**3
+    max_model_params: int | None = None
+    """Parameters a model may have (None: no limit, as in `stitchsim-server run`)."""
+    max_job_units: int | None = None
+    """Work units (plan.py) a job may take (None: no limit)."""
 
     def checkpoint(self, ref: str | LocalPath) -> tuple[Path, str]:
         """Local file and the content id it is reported under."""

@@ -14,12 +14,13 @@ from stitchsim_service.core import objects
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.errors import NotFoundError
 from stitchsim_service.gateway.deps import get_ctx, get_owner
+from stitchsim_service.gateway.edge import upload_slot
 from stitchsim_service.gateway.errors import file_error
 from stitchsim_service.gateway.uploads import UPLOAD_OPENAPI, UploadedFile, receive_and_store
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
-_ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 413, 415, 422, 503)}
+_ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 408, 413, 415, 422, 429, 503)}
 
 
 async def _describe(upload: UploadedFile, header: Header) -> dict[str, Any]:
@@ -36,7 +37,8 @@ async def _describe(upload: UploadedFile, header: Header) -> dict[str, Any]:
              summary="Upload a dataset (safetensors: train/test images and labels)")
 async def upload_dataset(request: Request, response: Response,
                          ctx: Context = Depends(get_ctx),
-                         owner: str = Depends(get_owner)) -> DatasetInfo:
+                         owner: str = Depends(get_owner),
+                         _slot: None = Depends(upload_slot)) -> DatasetInfo:
     row, new = await receive_and_store(request, ctx, owner, "datasets", _describe)
     response.status_code = 201 if new else 200
     return objects.dataset_listing(row)

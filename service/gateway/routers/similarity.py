@@ -15,6 +15,7 @@ from stitchsim_service.core.errors import DomainError
 from stitchsim_service.core.metrics import JOBS_REJECTED
 from stitchsim_service.core.submit import submit_job
 from stitchsim_service.gateway.deps import get_ctx, get_owner
+from stitchsim_service.gateway.edge import upload_slot
 from stitchsim_service.gateway.errors import status_of
 from stitchsim_service.gateway.uploads import UploadedFile, UploadReceiver, validate_safetensors
 
@@ -106,7 +107,7 @@ async def _read_body(request: Request, ctx: Context) -> tuple[Any, dict[str, Upl
     "/similarity",
     status_code=202,
     response_model=JobCreated,
-    responses={s: {"model": ErrorBody} for s in (400, 401, 404, 409, 413, 415, 422, 429, 503)},
+    responses={s: {"model": ErrorBody} for s in (400, 401, 404, 408, 409, 413, 415, 422, 429, 503)},
     openapi_extra=SUBMIT_OPENAPI,
     summary="Start a comparison of two checkpoints",
     description="JSON: a Spec whose front/back name uploaded checkpoint ids. Multipart: files "
@@ -117,6 +118,7 @@ async def submit(
     response: Response,
     ctx: Context = Depends(get_ctx),
     owner: str = Depends(get_owner),
+    _slot: None = Depends(upload_slot),
     idempotency_key: str | None = Header(default=None, alias="Idempotency-Key", max_length=255),
 ) -> JobCreated:
     files: dict[str, UploadedFile] = {}

@@ -1,0 +1,215 @@
+"""Limits at the HTTP edge, against slow or piled-up clients (slowloris and friends).
+
+- Header read timeout (STITCHSIM_HEADER_TIMEOUT_S): a connection must deliver a request's
+  complete headers within this time after it opens (or after its previous response), however
+  it trickles them; else it gets 408 and is closed. A uvicorn protocol does this: no ASGI app
+  sees a request before its headers are complete.
+- Open connections (STITCHSIM_MAX_CONNECTIONS): beyond it a new connection gets 503 with
+  Retry-After at once and is closed, so file descriptors stay bounded.
+- Body read timeout (STITCHSIM_BODY_READ_TIMEOUT_S, STITCHSIM_MIN_BODY_RATE_BYTES_S): the next
+  piece of a body must arrive within the timeout, and once the timeout has passed, the body
+  must have come at the minimum average rate; else 408 (the upload's spool file is removed on
+  the way out, the connection closed).
+- Concurrent uploads (STITCHSIM_MAX_CONCURRENT_UPLOADS, ..._PER_KEY): requests with a file
+  body (multipart or octet-stream) each hold a slot while they are received and stored; with
+  none free the answer is 429 with Retry-After before a byte of the body is read.
+
+Counts are per gateway process (one serves a machine; several behind a balancer each keep
+their own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Depends, Request
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from stitchsim_service.core.errors import DomainError
+from stitchsim_service.core.settings import Settings, get_settings
+from stitchsim_service.gateway.deps import get_ctx, get_owner
+
+try:  # uvicorn's fast parser when installed, as uvicorn itself prefers
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _BaseProtocol
+except ImportError:  # pragma: no cover (httptools is a dependency of uvicorn[standard])
+    from uvicorn.protocols.http.h11_impl import H11Protocol as _BaseProtocol  # type: ignore
+
+log = logging.getLogger("stitchsim.service")
+
+def _raw_error(status: int, code: str, message: str, retry_after: int | None = None) -> bytes:
+    """A complete HTTP/1.1 error response with the contract's body, closing the connection."""
+    body = json.dumps({"error": {"code": code, "message": message, "details": None}}).encode()
+    reason = {408: "Request Timeout", 503: "Service Unavailable"}[status]
+    head = [f"HTTP/1.1 {status} {reason}", "content-type: application/json",
+            f"content-length: {len(body)}", "connection: close"]
+    if retry_after is not None:
+        head.append(f"retry-after: {retry_after}")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's HTTP protocol with a header deadline and a cap on open connections."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._settings: Settings = get_settings()
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._waiting_cycle: Any = None
+        limit = self._settings.max_connections
+        if len(self.connections) > limit:
+            log.warning("connection refused: %d open connections (STITCHSIM_MAX_CONNECTIONS)",
+                        limit)
+            transport.write(_raw_error(503, "too_many_connections",
+                                       f"the service has {limit} connections open, as many as "
+                                       "it allows; retry shortly", retry_after=5))
+            transport.close()
+            return
+        self._arm_header_timer()
+
+    def _arm_header_timer(self) -> None:
+        self._waiting_cycle = self.cycle  # headers are complete once a new cycle exists
+        self._header_timer = self.loop.call_later(self._settings.header_timeout_s,
+                                                  self._headers_too_slow)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self) -> None:
+        self._header_timer = None
+        if self.transport.is_closing():
+            return
+        client = self.client[0] if self.client else "?"
+        log.info("client %s: no complete request headers within %.0f s; closed with 408",
+                 client, self._settings.header_timeout_s)
+        self.transport.write(_raw_error(408, "request_timeout",
+                                        "the request headers took too long to arrive "
+                                        "(STITCHSIM_HEADER_TIMEOUT_S)"))
+        self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._header_timer is not None and self.cycle is not self._waiting_cycle:
+            self._cancel_header_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._cancel_header_timer()
+            self._arm_header_timer()  # the next request on this connection gets its own
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if getattr(self, "_settings", None) is not None:
+            self._cancel_header_timer()
+        super().connection_lost(exc)
+
+
+# ---------------------------------------------------------------- bodies
+
+
+def _body_timeout(message: str) -> HTTPException:
+    # An HTTP exception, not a domain error: it must pass unchanged through FastAPI's own body
+    # parsing (which turns other exceptions into 400) and through the upload receiver (which
+    # removes its spool file on any exception).
+    return HTTPException(408, detail=message, headers={"Connection": "close"})
+
+
+class BodyTimeoutMiddleware:
+    """Bounds how slowly a request body may arrive (see the module's docstring)."""
+
+    def __init__(self, app: ASGIApp, settings: Settings | None = None) -> None:
+        self.app = app
+        self.settings = settings or get_settings()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        idle_s = self.settings.body_read_timeout_s
+        min_rate = self.settings.min_body_rate_bytes_s
+        started = time.monotonic()
+        state = {"received": 0, "done": False}
+
+        async def timed_receive() -> Message:
+            if state["done"]:  # after the body: waiting for a disconnect is not reading
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), idle_s)
+            except TimeoutError:
+                raise _body_timeout(f"no part of the request body arrived for {idle_s:.0f} s "
+                                    "(STITCHSIM_BODY_READ_TIMEOUT_S)") from None
+            state["received"] += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                state["done"] = True
+            elapsed = time.monotonic() - started
+            if not state["done"] and elapsed > idle_s and state["received"] < min_rate * elapsed:
+                raise _body_timeout(
+                    f"the request body arrives at {state['received'] / elapsed:.0f} bytes/s, "
+                    f"below the {min_rate} bytes/s this service needs "
+                    "(STITCHSIM_MIN_BODY_RATE_BYTES_S)")
+            return message
+
+        await self.app(scope, timed_receive, send)
+
+
+# ---------------------------------------------------------------- upload slots
+
+
+class UploadSlots:
+    """Concurrent uploads, overall and per key, in this gateway process."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.by_owner: dict[str, int] = {}
+
+    def take(self, owner: str, settings: Settings) -> None:
+        if self.total >= settings.max_concurrent_uploads:
+            raise DomainError("too_many_uploads",
+                              f"the service is receiving {self.total} uploads, as many as it "
+                              "takes at once (STITCHSIM_MAX_CONCURRENT_UPLOADS); retry shortly",
+                              {"limit": settings.max_concurrent_uploads, "scope": "service"},
+                              retry_after=settings.upload_retry_after_s)
+        mine = self.by_owner.get(owner, 0)
+        if mine >= settings.max_concurrent_uploads_per_key:
+            raise DomainError("too_many_uploads",
+                              f"this key already has {mine} uploads in progress, as many as "
+                              "allowed (STITCHSIM_MAX_CONCURRENT_UPLOADS_PER_KEY); send the "
+                              "next when one has finished",
+                              {"limit": settings.max_concurrent_uploads_per_key, "scope": "key"},
+                              retry_after=settings.upload_retry_after_s)
+        self.total += 1
+        self.by_owner[owner] = mine + 1
+
+    def give_back(self, owner: str) -> None:
+        self.total -= 1
+        left = self.by_owner.get(owner, 1) - 1
+        if left:
+            self.by_owner[owner] = left
+        else:
+            self.by_owner.pop(owner, None)
+
+
+_SLOTS = UploadSlots()
+_FILE_BODIES = ("multipart/form-data", "application/octet-stream")
+
+
+async def upload_slot(request: Request, ctx: Any = Depends(get_ctx),
+                      owner: str = Depends(get_owner)) -> AsyncIterator[None]:
+    """Dependency of the routes that receive files: holds a slot while the request runs.
+    A JSON body (a spec with checkpoint ids) is small and needs none."""
+    ctype = request.headers.get("content-type", "")
+    if not ctype.startswith(_FILE_BODIES) and ctype:
+        yield
+        return
+    _SLOTS.take(owner, ctx.settings)  # single-threaded event loop: no lock needed
+    try:
+        yield
+    finally:
+        _SLOTS.give_back(owner)
+

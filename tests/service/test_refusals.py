@@ -1,0 +1,62 @@
+"""Clear refusals at submission, through the gateway and the checks worker: images smaller than
+a model can use (1x1), a device the workers do not have (`cuda:99`), and a job above the
+per-job compute budget (every range at its top). Each is a 422 with its
+own code and what to change, and no job is created."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.service.conftest import tiny_spec, upload
+from tests.service.helpers import assert_error_body, dataset_bytes
+
+
+@pytest.fixture(scope="module")
+def pair(live_service, ckpts) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    with live_service.client() as c:
+        return upload(c, ckpts.digits_resnet), upload(c, ckpts.digits_vit)
+
+
+def _refusal(svc, spec) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    before = svc.count_rows("jobs")
+    with svc.client() as c:
+        r = c.post("/similarity", json=spec)
+    assert r.status_code == 422, r.text
+    assert svc.count_rows("jobs") == before
+    return assert_error_body(r)
+
+
+@pytest.mark.parametrize("back", ["resnet", "vit"])
+def test_one_pixel_images_are_refused_at_submission(live_service, pair, back: str) -> None:  # type: ignore[no-untyped-def]
+    with live_service.client() as c:
+        r = c.post("/datasets", files={"file": ("tiny.safetensors",
+                                                dataset_bytes(n_train=40, n_test=20, hw=1))})
+    assert r.status_code in (200, 201), r.text
+    resnet, vit = pair
+    spec = tiny_spec({"checkpoint": resnet}, {"checkpoint": resnet if back == "resnet" else vit},
+                     dataset=r.json()["id"], layers="auto")
+    err = _refusal(live_service, spec)
+    assert err["code"] == "images_too_small", err
+    assert "input_size" in err["message"], err
+
+
+def test_a_device_the_workers_lack_is_refused(live_service, pair) -> None:  # type: ignore[no-untyped-def]
+    resnet, _ = pair
+    err = _refusal(live_service, tiny_spec({"checkpoint": resnet}, {"checkpoint": resnet},
+                                           device="cuda:99"))
+    assert err["code"] == "device_unavailable", err
+    assert "cuda:99" in err["message"] and "auto" in err["message"], err
+    assert "cpu" in err["details"]["available"], err
+
+
+def test_a_job_above_the_compute_budget_is_refused(live_service, pair) -> None:  # type: ignore[no-untyped-def]
+    resnet, _ = pair
+    spec = tiny_spec({"checkpoint": resnet}, {"checkpoint": resnet},
+                     protocols=["standard", "invariance_aware"], iri={"steps": 10_000},
+                     train={"epochs": 1000, "seeds": 20, "batch_size": 1})
+    err = _refusal(live_service, spec)
+    assert err["code"] == "job_too_large", err
+    assert err["details"]["units"] > err["details"]["limit"], err
+    shrink = " ".join(err["details"]["shrink"])
+    for field in ("train.epochs", "train.seeds", "train.batch_size", "iri.steps"):
+        assert field in shrink and field in err["message"], (field, err)

@@ -1,0 +1,74 @@
+"""The spec check cannot be starved into accepting unchecked, and it bounds what it builds.
+
+- No checks worker answering within STITCHSIM_CHECK_TIMEOUT_S (busy with another key's slow
+  specs, or gone): the submission gets 503 spec_check_busy with Retry-After, and no job is
+  queued unchecked (it used to be accepted with 202).
+- A model with more parameters than STITCHSIM_MAX_MODEL_PARAMS is refused with 422
+  model_too_large, counted on the meta device (two architectures).
+- A job above STITCHSIM_MAX_JOB_UNITS (its progress plan's count) is refused with 422
+  job_too_large, naming the fields that make it large.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from stitchsim.models import Spec
+
+from tests.service.conftest import tiny_spec, upload
+from tests.service.helpers import assert_error_body
+
+
+def test_no_check_answer_is_503_not_accepted_unchecked(service_factory, ckpts) -> None:  # type: ignore[no-untyped-def]
+    # The gateway alone: the checks queue has nobody consuming it, as when its workers are
+    # all busy with other keys' specs.
+    svc = service_factory.embedded(workers=False, extra_env={"STITCHSIM_CHECK_TIMEOUT_S": "1"})
+    with svc.client() as c:
+        ckpt = upload(c, ckpts.digits_resnet)
+        t0 = time.monotonic()
+        r = c.post("/similarity", json=tiny_spec({"checkpoint": ckpt}, {"checkpoint": ckpt}))
+        took = time.monotonic() - t0
+    assert r.status_code == 503, r.text
+    err = assert_error_body(r)
+    assert err["code"] == "spec_check_busy", err
+    assert int(r.headers["Retry-After"]) > 0
+    assert took < 10, took
+    assert svc.count_rows("jobs") == 0
+
+
+@pytest.mark.parametrize("model", ["digits_resnet", "digits_vit"])
+def test_models_above_the_parameter_cap_are_refused(ckpts, tmp_path, model: str) -> None:  # type: ignore[no-untyped-def]
+    from stitchsim_worker.engine import Resources, SpecError, check_spec
+
+    path = {"path": str(getattr(ckpts, model))}
+    spec = Spec.model_validate(tiny_spec({"checkpoint": path}, {"checkpoint": path},
+                                         layers="auto"))
+    check_spec(spec, resources=Resources(cache_dir=tmp_path))  # no cap: fine
+    check_spec(spec, resources=Resources(cache_dir=tmp_path, max_model_params=10**7))
+    with pytest.raises(SpecError) as info:
+        check_spec(spec, resources=Resources(cache_dir=tmp_path, max_model_params=50_000))
+    err = info.value
+    assert err.code == "model_too_large", err.message
+    assert err.details["limit"] == 50_000 and err.details["parameters"] > 50_000
+    assert "STITCHSIM_MAX_MODEL_PARAMS" in err.message
+
+
+@pytest.mark.parametrize("model", ["digits_resnet", "digits_vit"])
+def test_the_budget_counts_what_the_plan_counts(ckpts, tmp_path, model: str) -> None:  # type: ignore[no-untyped-def]
+    from stitchsim_worker.engine import Resources, SpecError, check_spec
+
+    path = {"path": str(getattr(ckpts, model))}
+    small = Spec.model_validate(tiny_spec({"checkpoint": path}, {"checkpoint": path},
+                                          layers="auto"))
+    check_spec(small, resources=Resources(cache_dir=tmp_path, max_job_units=100))
+    big = small.model_copy(update={"train": small.train.model_copy(update={"epochs": 200})})
+    with pytest.raises(SpecError) as info:
+        check_spec(big, resources=Resources(cache_dir=tmp_path, max_job_units=100))
+    err = info.value
+    assert err.code == "job_too_large", err.message
+    assert err.details["shrink"][0].startswith("train.epochs"), err.details
+    # 200 epochs of 200 samples at batch 128: two batches an epoch, about 400 units per stitch
+    # pair, plus a few evaluation batches.
+    pairs = err.details["stitch_pairs"]
+    assert pairs >= 2 and 400 * pairs <= err.details["units"] < 500 * pairs, err.details
