@@ -140,7 +140,7 @@ class IRISettings(_Strict):
     extra_rounds: int = Field(
         default=2, ge=0, le=6,
         description="convergence-driven mode: while a batch's median distance is at or above "
-        "0.8 x converged_below, run another round of twice the previous round's steps, at most "
+        "0.9 x converged_below, run another round of twice the previous round's steps, at most "
         "this many times (0: off); the cap is steps * (2^(extra_rounds+1) - 1)",
     )
     stop_below: float | None = Field(

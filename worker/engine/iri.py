@@ -4,6 +4,12 @@ For every training input x, x' starts from uniform noise in [0,1] and takes sign
 steps on d(f<=i(x'), f<=i(x)), clamped to the pixel range (and optionally to an L-inf ball
 around x). The front model then cannot tell x' from x at the stitch point, while any model
 that does not share its invariances can.
+
+How (IRISettings): the step follows a cosine schedule (or stays constant, the original
+method); each sample keeps its best iterate; a sample whose distance falls below `stop_below`
+stops and leaves the batch (compaction: later steps cost only the live samples); while a
+batch's median is short of the convergence line, extra rounds of doubling length run, up to
+`extra_rounds`. Everything is a function of the settings and the seed: deterministic.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from stitchsim_worker.engine.metrics import per_sample_distance
 log = logging.getLogger(__name__)
 # Extra rounds run until a batch's median is below this share of the convergence line: a
 # median that lands just under the line in one batch can sit on it in the whole set.
-EXTRA_ROUNDS_AIM = 0.8
+EXTRA_ROUNDS_AIM = 0.9
 CACHE_FORMAT = "iri-v2"  # v2: schedules, early stopping, extra rounds
 
 
@@ -55,6 +61,7 @@ def cache_key(
             "point": point,
             "data": dataset_digest,
             "iri": knobs,
+            "aim": EXTRA_ROUNDS_AIM if settings.extra_rounds else None,
         },
         sort_keys=True,
     )
@@ -141,6 +148,14 @@ class IRICache:
                     shutil.rmtree(tmp, ignore_errors=True)
 
 
+@dataclass
+class Synthesis:
+    images: Bank
+    start: np.ndarray
+    final: np.ndarray
+    steps: np.ndarray  # steps each sample took
+
+
 def synthesize(
     front: Callable[[torch.Tensor], torch.Tensor],
     pixels: Bank,
@@ -164,14 +179,6 @@ def synthesize(
         start_d[sl], final_d[sl] = batch.start.cpu().numpy(), batch.final.cpu().numpy()
         steps[sl] = batch.steps.cpu().numpy()
     return Synthesis(out, start_d, final_d, steps)
-
-
-@dataclass
-class Synthesis:
-    images: Bank
-    start: np.ndarray
-    final: np.ndarray
-    steps: np.ndarray  # steps each sample took
 
 
 @dataclass
