@@ -144,7 +144,7 @@ class IRISettings(_Strict):
         "this many times (0: off); the cap is steps * (2^(extra_rounds+1) - 1)",
     )
     stop_below: float | None = Field(
-        default=0.1, gt=0, le=1,
+        default=0.02, gt=0, le=1,
         description="per-sample early stopping: a sample whose distance falls below this stops "
         "(and leaves the batch); null: every sample takes every step. Changes figures slightly",
     )
