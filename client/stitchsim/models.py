@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # The catalogue's names, as the spec and its users know them.
 from stitchsim.datasets import BUILTIN_DATASETS as BUILTIN_DATASETS
@@ -111,6 +111,7 @@ class TrainSettings(_Strict):
 
 
 IRISchedule = Literal["cosine", "constant"]
+MAX_IRI_STEPS = 20_000  # per sample, extra rounds included
 
 
 class IRISettings(_Strict):
@@ -161,6 +162,15 @@ class IRISettings(_Strict):
     def max_steps(self) -> int:
         """The most steps one sample can take: the first round and every extra round."""
         return self.steps * (2 ** (self.extra_rounds + 1) - 1)
+
+    @model_validator(mode="after")
+    def _bounded_cap(self) -> IRISettings:
+        if self.max_steps > MAX_IRI_STEPS:
+            raise ValueError(
+                f"steps x (2^(extra_rounds+1) - 1) = {self.max_steps} steps per sample; at "
+                f"most {MAX_IRI_STEPS}: lower iri.steps or iri.extra_rounds"
+            )
+        return self
 
 
 class ControlSettings(_Strict):

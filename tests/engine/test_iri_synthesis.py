@@ -117,3 +117,9 @@ def test_schedules() -> None:
     assert step_schedule(IRISettings(schedule="constant", step_size=0.2), 3) == [0.2] * 3
     assert round_lengths(IRISettings(steps=100, extra_rounds=2)) == [100, 200, 400]
     assert IRISettings(steps=100, extra_rounds=2).max_steps == 700
+
+
+def test_a_cap_beyond_the_limit_is_refused_with_what_to_change() -> None:
+    with pytest.raises(ValueError, match="lower iri.steps or iri.extra_rounds"):
+        IRISettings(steps=10_000)
+    assert IRISettings(steps=10_000, extra_rounds=0).max_steps == 10_000
