@@ -332,14 +332,21 @@ def get_iris(
         bank = banks.new(len(images), tuple(images.shape[1:]))
         for s in range(0, len(images), 1024):
             bank.write(s, torch.from_numpy(np.array(images[s : s + 1024])))
-        stats = iri_stats(start, final, settings, cache_hit=True, steps_used=meta["steps_used"],
-                          seconds=time.perf_counter() - t0)
+        stats = iri_stats(
+            start,
+            final,
+            settings,
+            cache_hit=True,
+            steps_used=meta["steps_used"],
+            seconds=time.perf_counter() - t0,
+        )
         return IRIResult(bank, stats)
     made = synthesize(front, pixels, settings, banks, device, on_batch)
     seconds = time.perf_counter() - t0
     steps_used = float(made.steps.mean())
     meta = {"settings": settings.model_dump(), "seconds": seconds, "steps_used": steps_used}
     cache.store(key, made.images, made.start, made.final, meta)
-    stats = iri_stats(made.start, made.final, settings, cache_hit=False, seconds=seconds,
-                      steps_used=steps_used)
+    stats = iri_stats(
+        made.start, made.final, settings, cache_hit=False, seconds=seconds, steps_used=steps_used
+    )
     return IRIResult(made.images, stats)
