@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Make docs/report.png, the README's picture of a real report, with headless Chromium.
 
-By default it trains two small reference models on the built-in digits (seconds on a CPU),
-runs a real comparison in-process through the engine, renders the report page and takes a
-screenshot of its top (verdict, models, summary and the first agreement plot). Or give it a
-report a job already produced:
+By default it trains the demo models (`stitchsim-server demo-models`), runs one of the demo's
+two checks in-process through the engine with examples/demo-spec.json, renders the report
+page and takes a screenshot of its top (verdict, models, summary and the first agreement
+plot). Or give it a report a job already produced (scripts/demo.sh leaves two):
 
-    python scripts/screenshot_report.py                       # train, run, screenshot
+    python scripts/screenshot_report.py                       # train, run the seeds check
+    python scripts/screenshot_report.py --finding shortcut --out docs/report-shortcut.png
     python scripts/screenshot_report.py --report report.json  # screenshot an existing report
     python scripts/screenshot_report.py --full --html out.html --json out.json
 
@@ -16,6 +17,7 @@ Needs the server side installed (torch, timm) for a fresh run, and Debian's `chr
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import time
@@ -30,41 +32,41 @@ from stitchsim_service.gateway.pages import render_report_page  # noqa: E402
 
 from tests.report.chromium import Chromium, find_chromium  # noqa: E402
 
-# Two networks of one architecture trained from different seeds: alike under the standard
-# protocol, and how alike under the invariance-aware one is what the picture shows.
-MODELS = {"front": ("test_resnet", 0), "back": ("test_resnet", 1)}
-DATASET = "digits"
+# The demo's two checks (scripts/demo.sh): the same models, spec and data.
+FINDINGS = {
+    "seeds": {"front": "reference", "back": "retrained", "dataset": None},
+    "shortcut": {"front": "shortcut", "back": "reference", "dataset": "digits_marker"},
+}
+DEMO_SPEC = ROOT / "examples" / "demo-spec.json"
 
 
-def demo_spec(front: Path, back: Path) -> Spec:
+def demo_spec(front: Path, back: Path, dataset: str | None) -> Spec:
+    fields = json.loads(DEMO_SPEC.read_text())
+    if dataset is not None:
+        fields["dataset"] = dataset
     return Spec.model_validate({
+        **fields,
         "front": {"checkpoint": {"path": str(front)}},
         "back": {"checkpoint": {"path": str(back)}},
-        "dataset": DATASET,
-        "layers": [{"front": name, "back": name} for name in ("layer1", "layer2", "layer3")],
-        "objectives": ["slm", "fula"],
-        "protocols": ["standard", "invariance_aware"],
-        "directions": "both",
-        # Few samples but the full IRI schedule: unconverged IRIs would make the picture lie.
-        "train": {"epochs": 2, "max_train_samples": 128, "max_test_samples": 200},
-        "iri": {"steps": 200},
-        "controls": ["identity", "clustered_noise"],
         "threshold": 0.8,
         "device": "cpu",
     })
 
 
-def run_demo_job(workdir: Path) -> Report:
-    """Train the two models (unless `workdir` has them) and compare them in this process."""
+def run_demo_job(workdir: Path, finding: str) -> Report:
+    """Train the demo models (unless `workdir` has them) and run one check in this process."""
     from stitchsim_worker.engine import Resources, run_job
     from stitchsim_worker.engine.zoo import make_checkpoint
+    from stitchsim_worker.run_command import DEMO_EPOCHS, DEMO_MODELS
 
-    paths: dict[str, Path] = {}
-    for role, (arch, seed) in MODELS.items():
-        paths[role] = workdir / f"{role}.safetensors"
-        if not paths[role].exists():
-            accuracy = make_checkpoint(paths[role], arch, DATASET, seed=seed, epochs=6)
-            print(f"trained {role}: {arch} seed {seed}, test accuracy {accuracy:.3f}")
+    for name, (arch, dataset, seed) in DEMO_MODELS.items():
+        path = workdir / name
+        if not path.exists():
+            accuracy = make_checkpoint(path, arch, dataset, seed=seed, epochs=DEMO_EPOCHS)
+            print(f"trained {name}: {arch} on {dataset}, test accuracy {accuracy:.3f}")
+    pair = FINDINGS[finding]
+    spec = demo_spec(workdir / f"{pair['front']}.safetensors",
+                     workdir / f"{pair['back']}.safetensors", pair["dataset"])
     last = [0.0]
 
     def progress(stage: str, done: int, total: int) -> None:
@@ -73,9 +75,8 @@ def run_demo_job(workdir: Path) -> Report:
             print(f"{stage}: {done}/{total}", flush=True)
 
     start = time.perf_counter()
-    report = run_job(demo_spec(paths["front"], paths["back"]),
-                     resources=Resources(cache_dir=workdir / "cache"), progress=progress,
-                     job_id="demo")
+    report = run_job(spec, resources=Resources(cache_dir=workdir / "cache"), progress=progress,
+                     job_id=f"demo-{finding}")
     print(f"job finished in {time.perf_counter() - start:.0f} s: verdict {report.verdict}")
     return report
 
@@ -113,6 +114,8 @@ def screenshot(html: str, out: Path, width: int, full: bool) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report", type=Path, help="JSON report to show instead of a new run")
+    parser.add_argument("--finding", choices=sorted(FINDINGS), default="seeds",
+                        help="which of the demo's two checks to run (default: seeds)")
     parser.add_argument("--workdir", type=Path,
                         help="keep the trained models and IRI cache here for the next run")
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "report.png")
@@ -126,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         report = Report.model_validate_json(args.report.read_text())
     elif args.workdir:
         args.workdir.mkdir(parents=True, exist_ok=True)
-        report = run_demo_job(args.workdir)
+        report = run_demo_job(args.workdir, args.finding)
     else:
         with tempfile.TemporaryDirectory(prefix="stitchsim-demo-") as tmp:
-            report = run_demo_job(Path(tmp))
+            report = run_demo_job(Path(tmp), args.finding)
     if args.json:
         args.json.write_text(report.model_dump_json(indent=2))
     html = render_report_page(report)

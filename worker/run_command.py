@@ -147,6 +147,7 @@ def points_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+DEMO_EPOCHS = 12
 DEMO_MODELS = {
     "reference.safetensors": ("test_resnet", "digits_digit_only", 0),
     "retrained.safetensors": ("test_resnet", "digits_digit_only", 1),
@@ -163,7 +164,7 @@ def demo_models_command(args: argparse.Namespace) -> int:
         if path.exists():
             print(f"{path}: exists")
             continue
-        acc = make_checkpoint(path, arch, dataset, seed=seed, epochs=12)
+        acc = make_checkpoint(path, arch, dataset, seed=seed, epochs=DEMO_EPOCHS)
         print(f"{path}: {arch} trained on {dataset}, test accuracy {acc:.3f}")
     if args.robust:
         _robust_demo_model(args.out / "robust.safetensors")

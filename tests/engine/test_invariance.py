@@ -67,11 +67,14 @@ def test_iris_converge_and_are_reused_from_the_cache(ckpts, tmp_path: Path) -> N
     assert stats.n == 400
     assert stats.median < 0.4 * stats.start_median
     assert stats.median <= stats.p90 <= stats.max
+    assert stats.converged_below == s.iri.converged_below
+    assert stats.steps == s.iri.max_steps and 1 <= stats.steps_used <= stats.steps
 
     second = run(s, tmp_path)
     again = second.results[0].iri
     assert again is not None and again.cache_hit
     assert again.seconds < stats.seconds / 3
+    assert again.steps_used == stats.steps_used
     assert second.results[0].agreement == first.results[0].agreement
 
     # Other IRI settings are other IRIs: no false hit.
@@ -117,7 +120,7 @@ def test_unconverged_iris_are_flagged(ckpts, tmp_path: Path) -> None:
         protocols=["invariance_aware"],
         layers=layers("layer1"),
         train=FAST,
-        iri={"steps": 2},
+        iri={"steps": 2, "extra_rounds": 0},  # no convergence-driven rounds to rescue it
     )
     report = run(s, tmp_path)
     assert not report.results[0].iri.converged

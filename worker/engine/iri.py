@@ -4,6 +4,12 @@ For every training input x, x' starts from uniform noise in [0,1] and takes sign
 steps on d(f<=i(x'), f<=i(x)), clamped to the pixel range (and optionally to an L-inf ball
 around x). The front model then cannot tell x' from x at the stitch point, while any model
 that does not share its invariances can.
+
+How (IRISettings): the step follows a cosine schedule (or stays constant, the original
+method); each sample keeps its best iterate; a sample whose distance falls below `stop_below`
+stops and leaves the batch (compaction: later steps cost only the live samples); while a
+batch's median is short of the convergence line, extra rounds of doubling length run, up to
+`extra_rounds`. Everything is a function of the settings and the seed: deterministic.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import time
@@ -29,7 +36,10 @@ from stitchsim_worker.engine.device import autocast
 from stitchsim_worker.engine.metrics import per_sample_distance
 
 log = logging.getLogger(__name__)
-CACHE_FORMAT = "iri-v1"
+# Extra rounds run until a batch's median is below this share of the convergence line: a
+# median that lands just under the line in one batch can sit on it in the whole set.
+EXTRA_ROUNDS_AIM = 0.9
+CACHE_FORMAT = "iri-v2"  # v2: schedules, early stopping, extra rounds
 
 
 @dataclass
@@ -41,8 +51,9 @@ class IRIResult:
 def cache_key(
     front_identity: dict[str, object], point: str, dataset_digest: str, settings: IRISettings
 ) -> str:
-    """IRIs depend only on the front model, the stitch point, the data and the IRI settings."""
-    knobs = settings.model_dump(exclude={"converged_below"})
+    """IRIs depend only on the front model, the stitch point, the data and the IRI settings
+    (the convergence line too, when it decides whether extra rounds run)."""
+    knobs = settings.model_dump(exclude=set() if settings.extra_rounds else {"converged_below"})
     blob = json.dumps(
         {
             "format": CACHE_FORMAT,
@@ -50,6 +61,7 @@ def cache_key(
             "point": point,
             "data": dataset_digest,
             "iri": knobs,
+            "aim": EXTRA_ROUNDS_AIM if settings.extra_rounds else None,
         },
         sort_keys=True,
     )
@@ -136,6 +148,14 @@ class IRICache:
                     shutil.rmtree(tmp, ignore_errors=True)
 
 
+@dataclass
+class Synthesis:
+    images: Bank
+    start: np.ndarray
+    final: np.ndarray
+    steps: np.ndarray  # steps each sample took
+
+
 def synthesize(
     front: Callable[[torch.Tensor], torch.Tensor],
     pixels: Bank,
@@ -143,20 +163,48 @@ def synthesize(
     banks: BankBuilder,
     device: torch.device,
     on_batch: Callable[[], None],
-) -> tuple[Bank, np.ndarray, np.ndarray]:
-    """IRIs for every sample; returns them with per-sample start and final distances."""
+) -> Synthesis:
+    """IRIs for every sample, with per-sample start and final distances and steps taken."""
     n = pixels.n
     out = banks.new(n, pixels.shape)
     start_d = np.zeros(n, dtype=np.float32)
     final_d = np.zeros(n, dtype=np.float32)
+    steps = np.zeros(n, dtype=np.int32)
     noise = torch.Generator().manual_seed(settings.seed)
     for s in range(0, n, settings.batch_size):
         sl = slice(s, min(n, s + settings.batch_size))
         x = pixels[sl].to(device)
-        x_iri, d0, d1 = _synthesize_batch(front, x, settings, noise, on_batch)
-        out.write(s, x_iri)
-        start_d[sl], final_d[sl] = d0.cpu().numpy(), d1.cpu().numpy()
-    return out, start_d, final_d
+        batch = _synthesize_batch(front, x, settings, noise, on_batch)
+        out.write(s, batch.images)
+        start_d[sl], final_d[sl] = batch.start.cpu().numpy(), batch.final.cpu().numpy()
+        steps[sl] = batch.steps.cpu().numpy()
+    return Synthesis(out, start_d, final_d, steps)
+
+
+@dataclass
+class _Batch:
+    images: torch.Tensor
+    start: torch.Tensor
+    final: torch.Tensor
+    steps: torch.Tensor
+
+
+def step_schedule(settings: IRISettings, length: int, round_index: int = 0) -> list[float]:
+    """Step sizes of one round. Cosine: large steps cross the noise floor fast, the small ones
+    at the end of each cycle settle into a minimum. Cycles restart every cycle_steps in the
+    first round and are twice as long in each extra round (a slower fall settles deeper)."""
+    if settings.schedule == "constant":
+        return [settings.step_size] * length
+    cycle = min(settings.cycle_steps * 2**round_index, length)
+    return [
+        settings.step_size * 0.5 * (1 + math.cos(math.pi * (t % cycle) / cycle))
+        for t in range(length)
+    ]
+
+
+def round_lengths(settings: IRISettings) -> list[int]:
+    """The first round, then the convergence-driven ones, each twice the one before."""
+    return [settings.steps * 2**r for r in range(settings.extra_rounds + 1)]
 
 
 def _project(x_iri: torch.Tensor, x: torch.Tensor, linf: float | None) -> torch.Tensor:
@@ -165,35 +213,90 @@ def _project(x_iri: torch.Tensor, x: torch.Tensor, linf: float | None) -> torch.
     return x_iri.clamp(0, 1)
 
 
+class _Active:
+    """The samples still being stepped, compacted: stopped ones leave the tensors, so a step
+    costs a forward and backward of the live samples only."""
+
+    def __init__(self, x: torch.Tensor, x_iri: torch.Tensor, target: torch.Tensor):
+        self.index = torch.arange(len(x), device=x.device)
+        self.x, self.x_iri, self.target = x, x_iri, target
+
+    def keep(self, mask: torch.Tensor) -> None:
+        self.index, self.x = self.index[mask], self.x[mask]
+        self.x_iri, self.target = self.x_iri[mask], self.target[mask]
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+def _distance(
+    front: Callable[[torch.Tensor], torch.Tensor], x_iri: torch.Tensor, target: torch.Tensor
+) -> torch.Tensor:
+    with autocast(x_iri.device):
+        return per_sample_distance(front(x_iri).float(), target)
+
+
 def _synthesize_batch(
     front: Callable[[torch.Tensor], torch.Tensor],
     x: torch.Tensor,
     settings: IRISettings,
     noise: torch.Generator,
     on_step: Callable[[], None],
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> _Batch:
     with torch.no_grad(), autocast(x.device):
         target = front(x).float()
     x_iri = _project(torch.rand(x.shape, generator=noise).to(x.device), x, settings.linf)
-    start = None
-    for _ in range(settings.steps):
-        x_iri.requires_grad_(True)
-        with autocast(x.device):
-            d = per_sample_distance(front(x_iri).float(), target)
-        if start is None:
-            start = d.detach()
-        (grad,) = torch.autograd.grad(d.sum(), x_iri)
-        with torch.no_grad():
-            x_iri = _project(x_iri - settings.step_size * grad.sign(), x, settings.linf)
-        on_step()
-    with torch.no_grad(), autocast(x.device):
-        final = per_sample_distance(front(x_iri).float(), target)
-    assert start is not None
-    return x_iri.detach(), start, final
+    best = x_iri.clone()
+    best_d = torch.full((len(x),), math.inf, device=x.device)
+    start = torch.zeros(len(x), device=x.device)
+    taken = torch.zeros(len(x), dtype=torch.int32, device=x.device)
+    live = _Active(x, x_iri, target)
+    stop_below = settings.stop_below if settings.stop_below is not None else -1.0
+
+    def record(d: torch.Tensor, images: torch.Tensor) -> None:
+        """Keep each sample's best iterate; stop the samples that are close enough."""
+        better = d < best_d[live.index]
+        best_d[live.index[better]] = d[better]
+        best[live.index[better]] = images[better]
+        done = best_d[live.index] < stop_below
+        if done.any():
+            live.keep(~done)
+
+    aim = EXTRA_ROUNDS_AIM * settings.converged_below
+    for r, length in enumerate(round_lengths(settings)):
+        if r > 0 and (len(live) == 0 or float(best_d.median()) < aim):
+            break
+        for t, lr in enumerate(step_schedule(settings, length, r)):
+            if len(live) == 0:
+                # Everyone stopped early: the progress plan still counts the first round.
+                for _ in range(length - t if r == 0 else 0):
+                    on_step()
+                break
+            xi = live.x_iri.requires_grad_(True)
+            d = _distance(front, xi, live.target)
+            (grad,) = torch.autograd.grad(d.sum(), xi)
+            d, xi = d.detach(), xi.detach()
+            if r == 0 and t == 0:
+                start = d.clone()
+            taken[live.index] += 1
+            with torch.no_grad():
+                live.x_iri = _project(xi - lr * grad.sign(), live.x, settings.linf)
+            record(d, xi)  # d is the distance of the iterate before this step
+            on_step()
+        if len(live):  # the last step's iterate has not been measured yet
+            with torch.no_grad():
+                record(_distance(front, live.x_iri, live.target), live.x_iri)
+    return _Batch(best, start, best_d, taken)
 
 
 def iri_stats(
-    start: np.ndarray, final: np.ndarray, settings: IRISettings, cache_hit: bool, seconds: float
+    start: np.ndarray,
+    final: np.ndarray,
+    settings: IRISettings,
+    *,
+    cache_hit: bool,
+    seconds: float,
+    steps_used: float,
 ) -> IRIStats:
     median = float(np.median(final))
     return IRIStats(
@@ -205,6 +308,9 @@ def iri_stats(
         cache_hit=cache_hit,
         n=int(len(final)),
         seconds=seconds,
+        converged_below=settings.converged_below,
+        steps=settings.max_steps,
+        steps_used=steps_used,
     )
 
 
@@ -222,12 +328,25 @@ def get_iris(
     t0 = time.perf_counter()
     hit = cache.load(key)
     if hit is not None:
-        images, start, final, _ = hit
+        images, start, final, meta = hit
         bank = banks.new(len(images), tuple(images.shape[1:]))
         for s in range(0, len(images), 1024):
             bank.write(s, torch.from_numpy(np.array(images[s : s + 1024])))
-        return IRIResult(bank, iri_stats(start, final, settings, True, time.perf_counter() - t0))
-    bank, start, final = synthesize(front, pixels, settings, banks, device, on_batch)
+        stats = iri_stats(
+            start,
+            final,
+            settings,
+            cache_hit=True,
+            steps_used=meta["steps_used"],
+            seconds=time.perf_counter() - t0,
+        )
+        return IRIResult(bank, stats)
+    made = synthesize(front, pixels, settings, banks, device, on_batch)
     seconds = time.perf_counter() - t0
-    cache.store(key, bank, start, final, {"settings": settings.model_dump(), "seconds": seconds})
-    return IRIResult(bank, iri_stats(start, final, settings, False, seconds))
+    steps_used = float(made.steps.mean())
+    meta = {"settings": settings.model_dump(), "seconds": seconds, "steps_used": steps_used}
+    cache.store(key, made.images, made.start, made.final, meta)
+    stats = iri_stats(
+        made.start, made.final, settings, cache_hit=False, seconds=seconds, steps_used=steps_used
+    )
+    return IRIResult(made.images, stats)

@@ -1,0 +1,125 @@
+"""IRI synthesis itself (issue 12, 17): the defaults converge at stage points of a CNN and a ViT,
+early stopping and compaction keep the quality, extra rounds run only when needed, and a seed
+fixes every number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from stitchsim.models import IRISettings, ModelRef
+from stitchsim_worker.engine.bank import Bank, BankBuilder
+from stitchsim_worker.engine.data import builtin
+from stitchsim_worker.engine.iri import Synthesis, round_lengths, step_schedule, synthesize
+from stitchsim_worker.engine.models import build_model
+from stitchsim_worker.engine.network import Network
+
+CPU = torch.device("cpu")
+N = 24  # training inputs per IRI set: one batch, a few seconds per point
+
+
+@pytest.fixture(scope="module")
+def networks(ckpts) -> dict[str, Network]:  # type: ignore[no-untyped-def]
+    def load(path: Path) -> Network:
+        model = build_model(ModelRef(checkpoint={"path": str(path)}), path, "", where="front",
+                            native_size=32)
+        return Network(model, model.preprocess.input_size, CPU, "front")
+
+    return {"resnet": load(ckpts.digits_resnet), "vit": load(ckpts.digits_vit)}
+
+
+@pytest.fixture(scope="module")
+def banks() -> BankBuilder:
+    return BankBuilder(1 << 30)
+
+
+@pytest.fixture(scope="module")
+def pixels(banks: BankBuilder) -> Bank:
+    images = builtin("digits_digit_only").train.images[:N]
+    bank = banks.new(N, tuple(images.shape[1:]))
+    bank.write(0, images)
+    return bank
+
+
+def make(net: Network, point: str, pixels: Bank, banks: BankBuilder,
+         settings: IRISettings) -> Synthesis:
+    return synthesize(net.front(point), pixels, settings, banks, CPU, lambda: None)
+
+
+# The shallowest and the deepest stage point of each family: the first is the hardest to
+# match (the most spatial detail), the last the one furthest from the pixels.
+@pytest.mark.parametrize(("family", "point"), [
+    ("resnet", "act1"), ("resnet", "layer2"), ("resnet", "layer4"),
+    ("vit", "blocks.0"), ("vit", "blocks.5"),
+])
+def test_defaults_converge_at_stage_points(networks, pixels, banks, family, point) -> None:
+    settings = IRISettings()
+    made = make(networks[family], point, pixels, banks, settings)
+    median, start = float(np.median(made.final)), float(np.median(made.start))
+    assert median < settings.converged_below, (family, point, median)
+    assert median < 0.35 * start  # from noise (~0.9-1.0) to a fraction of it
+    assert (made.final <= made.start).all()  # the best iterate is kept: never worse than noise
+    assert (made.steps >= 1).all() and (made.steps <= settings.max_steps).all()
+
+
+def test_early_stopping_saves_steps_and_keeps_quality(networks, pixels, banks) -> None:
+    net, point = networks["vit"], "blocks.2"
+    stopping = IRISettings(stop_below=0.1)  # looser than the default, so that many stop
+    every_step = IRISettings(stop_below=None)
+    fast, full = (make(net, point, pixels, banks, s) for s in (stopping, every_step))
+    assert fast.steps.mean() < 0.95 * full.steps.mean()
+    assert (full.steps == every_step.steps).all()
+    stopped = fast.steps < stopping.steps
+    assert stopped.any()
+    assert (fast.final[stopped] < stopping.stop_below).all()  # only converged samples stop
+    assert np.median(fast.final) < stopping.converged_below
+    assert np.quantile(fast.final, 0.9) <= np.quantile(full.final, 0.9) + 0.05
+    # Samples left in the compacted batch keep their own noise and trajectory.
+    assert np.abs(fast.start - full.start).max() < 1e-5
+
+
+def test_extra_rounds_run_only_while_the_median_is_short_of_the_aim(networks, pixels,
+                                                                  banks) -> None:
+    net, point = networks["resnet"], "layer2"
+    short = IRISettings(steps=10, extra_rounds=0, stop_below=None)
+    driven = IRISettings(steps=10, extra_rounds=2, stop_below=None)
+    a, b = (make(net, point, pixels, banks, s) for s in (short, driven))
+    assert (a.steps == 10).all()
+    assert np.median(a.final) >= short.converged_below  # 10 steps are not enough here
+    assert b.steps.max() > 10 and b.steps.max() <= driven.max_steps == 70
+    assert np.median(b.final) < np.median(a.final)
+    # A line that 10 steps already meet: no extra round.
+    easy = IRISettings(steps=10, extra_rounds=2, stop_below=None, converged_below=0.99)
+    assert (make(net, point, pixels, banks, easy).steps == 10).all()
+
+
+def test_a_seed_fixes_every_number(networks, pixels, banks) -> None:
+    net, point = networks["resnet"], "layer3"
+    # Loose lines, so that stopping, compaction and an extra round all happen in 30 steps.
+    settings = IRISettings(steps=10, stop_below=0.3, converged_below=0.2)
+    first, again = (make(net, point, pixels, banks, settings) for _ in range(2))
+    assert first.steps.max() > 10 and first.steps.min() < first.steps.max()
+    assert np.array_equal(first.steps, again.steps)
+    assert np.array_equal(first.final, again.final)
+    assert torch.equal(first.images[slice(0, N)], again.images[slice(0, N)])
+    other = make(net, point, pixels, banks, settings.model_copy(update={"seed": 1}))
+    assert not torch.equal(first.images[slice(0, N)], other.images[slice(0, N)])
+
+
+def test_schedules() -> None:
+    cosine = step_schedule(IRISettings(step_size=0.1, cycle_steps=4), 8)
+    assert cosine[0] == cosine[4] == pytest.approx(0.1)  # restarts each cycle
+    assert cosine[1] > cosine[2] > cosine[3] > 0
+    longer = step_schedule(IRISettings(step_size=0.1, cycle_steps=4), 8, round_index=1)
+    assert longer[4] < longer[3]  # one cycle of 8 in the first extra round: no restart
+    assert step_schedule(IRISettings(schedule="constant", step_size=0.2), 3) == [0.2] * 3
+    assert round_lengths(IRISettings(steps=100, extra_rounds=2)) == [100, 200, 400]
+    assert IRISettings(steps=100, extra_rounds=2).max_steps == 700
+
+
+def test_a_cap_beyond_the_limit_is_refused_with_what_to_change() -> None:
+    with pytest.raises(ValueError, match="lower iri.steps or iri.extra_rounds"):
+        IRISettings(steps=10_000)
+    assert IRISettings(steps=10_000, extra_rounds=0).max_steps == 10_000
