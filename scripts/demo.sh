@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The main job: install, start the service on its embedded default (no Redis, no database
-# server), and run two checks through the client, as CI would; each shows one finding:
-#   1. two seeds of one model agree under both protocols at shallow stitch points, and part
-#      ways with depth under the invariance-aware one;
-#   2. a model that learnt a pixel shortcut looks similar to the reference under the standard
-#      protocol, and the invariance-aware one exposes it.
+# server), and run two checks through the client, as CI would; each probes one published
+# finding (the README says which half of them shows on this data, with figures):
+#   1. two seeds of one model: the papers find them close under both protocols at shallow
+#      stitch points, parting with depth under the invariance-aware one;
+#   2. a model that learnt a pixel shortcut: similar to the reference under the standard
+#      protocol, exposed by the invariance-aware one.
 # The report pages are written to files (--html), so they stay readable after the service
 # stops. A few minutes on two cores (the trained models and IRIs are cached in $demo).
 set -euo pipefail
