@@ -40,7 +40,8 @@ def _stage_specs(m: dict[str, str]) -> dict[str, dict[str, Any]]:
         # The models' own logits on 6000 test images, one image per batch.
         "prepare": _spec(front, back, dataset=m["big"],
                          train={"batch_size": 1, "max_test_samples": None}),
-        "iri": _spec(front, back, protocols=["invariance_aware"], iri={"steps": 10_000}),
+        "iri": _spec(front, back, protocols=["invariance_aware"],
+                     iri={"steps": 10_000, "extra_rounds": 0}),
         "train": _spec(front, back, train={"epochs": 1000}),
         "control": _spec(front, back, controls=["clustered_noise"], train={"epochs": 40},
                          control_settings={"noise_sigmas": [0.1 * k for k in range(1, 11)]}),

@@ -52,7 +52,8 @@ def test_a_device_the_workers_lack_is_refused(live_service, pair) -> None:  # ty
 def test_a_job_above_the_compute_budget_is_refused(live_service, pair) -> None:  # type: ignore[no-untyped-def]
     resnet, _ = pair
     spec = tiny_spec({"checkpoint": resnet}, {"checkpoint": resnet},
-                     protocols=["standard", "invariance_aware"], iri={"steps": 10_000},
+                     protocols=["standard", "invariance_aware"],
+                     iri={"steps": 10_000, "extra_rounds": 0},
                      train={"epochs": 1000, "seeds": 20, "batch_size": 1})
     err = _refusal(live_service, spec)
     assert err["code"] == "job_too_large", err
