@@ -54,12 +54,14 @@ def test_run_prints_the_message_keeps_the_traceback_in_a_file_and_exits_1(
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(s.model_dump(mode="json", exclude_none=True)))
     args = argparse.Namespace(spec=spec_file, out=None, quiet=True, cache_dir=tmp_path / "c")
-    handler = logging.StreamHandler()  # what `stitchsim-server`'s logging setup gives `run`
-    logging.getLogger().addHandler(handler)
+    # What `stitchsim-server`'s logging setup gives `run`: a handler writing to stderr (on the
+    # engine's logger itself: other tests' CLI setups may stop propagation above it).
+    handler, engine_log = logging.StreamHandler(), logging.getLogger("stitchsim.engine")
+    engine_log.addHandler(handler)
     try:
         assert run_command(args) == EXIT_FAILED
     finally:
-        logging.getLogger().removeHandler(handler)
+        engine_log.removeHandler(handler)
     err = capsys.readouterr().err
     assert "error: the engine failed during train front_to_back layer2->layer2" in err
     assert "Traceback" not in err and "traceback in" in err
