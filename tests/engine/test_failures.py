@@ -54,10 +54,12 @@ def test_run_prints_the_message_keeps_the_traceback_in_a_file_and_exits_1(
     spec_file = tmp_path / "spec.json"
     spec_file.write_text(json.dumps(s.model_dump(mode="json", exclude_none=True)))
     args = argparse.Namespace(spec=spec_file, out=None, quiet=True, cache_dir=tmp_path / "c")
-    # What `stitchsim-server`'s logging setup gives `run`: a handler writing to stderr (on the
-    # engine's logger itself: other tests' CLI setups may stop propagation above it).
+    # What `stitchsim-server`'s logging setup gives `run`: a handler writing to stderr. It sits
+    # on the engine's logger, which does not propagate meanwhile: the client CLI's tests leave
+    # handlers on the "stitchsim" logger above it, bound to streams that are closed by now.
     handler, engine_log = logging.StreamHandler(), logging.getLogger("stitchsim.engine")
     engine_log.addHandler(handler)
+    monkeypatch.setattr(engine_log, "propagate", False)
     try:
         assert run_command(args) == EXIT_FAILED
     finally:
