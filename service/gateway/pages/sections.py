@@ -67,37 +67,36 @@ def verdict_section(report: Report) -> str:
     )
 
 
+def _box(attrs: str, title: str, body: str) -> str:
+    return f"<section {attrs}><strong>{title}</strong>{body}</section>"
+
+
+def _bullets(texts: Sequence[str]) -> str:
+    # The engine may say the same thing for a result and for its control: say it once.
+    return "<ul>" + "".join(f"<li>{esc(t)}</li>" for t in dict.fromkeys(texts)) + "</ul>"
+
+
 def near_chance_section(report: Report) -> str:
     """A loud box per model that predicts at chance: its figures mean nothing."""
     messages = view.near_chance_messages(report)
     if not messages:
         return ""
-    items = "".join(f"<p>{esc(m)}</p>" for m in messages)
-    return (
-        '<section class="alert" id="near-chance" role="alert" aria-label="Model at chance">'
-        f"<strong>A model predicts at chance</strong>{items}</section>"
-    )
+    return _box('class="alert" id="near-chance" role="alert" aria-label="Model at chance"',
+                "A model predicts at chance", "".join(f"<p>{esc(m)}</p>" for m in messages))
 
 
 def warnings_section(report: Report) -> str:
     if not report.warnings:
         return ""
-    # The engine may say the same thing for a result and for its control: say it once.
-    items = "".join(f"<li>{esc(w)}</li>" for w in dict.fromkeys(report.warnings))
-    return (
-        '<section class="warnings" id="warnings" aria-label="Warnings">'
-        f"<strong>Warnings</strong><ul>{items}</ul></section>"
-    )
+    return _box('class="warnings" id="warnings" aria-label="Warnings"', "Warnings",
+                _bullets(report.warnings))
 
 
 def notes_section(report: Report) -> str:
     """What a protocol's figures mean (cross-task compatibility is not shared meaning)."""
     if not report.notes:
         return ""
-    items = "".join(f"<li>{esc(n)}</li>" for n in report.notes)
-    return (f'<section id="notes" aria-label="Notes"><strong>Read with care</strong>'
-            f"<ul>{items}</ul></section>")
-
+    return _box('id="notes" aria-label="Notes"', "Read with care", _bullets(report.notes))
 
 
 def _preprocess_row(role: str, m: ModelSummary) -> list[str]:
