@@ -33,6 +33,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from stitchsim_service.core.errors import DomainError
 from stitchsim_service.core.settings import Settings, get_settings
 from stitchsim_service.gateway.deps import get_ctx, get_owner
+from stitchsim_service.gateway.middleware import HTTPMiddleware
 
 try:  # uvicorn's fast parser when installed, as uvicorn itself prefers
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _BaseProtocol
@@ -120,17 +121,14 @@ def _body_timeout(message: str) -> HTTPException:
     return HTTPException(408, detail=message, headers={"Connection": "close"})
 
 
-class BodyTimeoutMiddleware:
+class BodyTimeoutMiddleware(HTTPMiddleware):
     """Bounds how slowly a request body may arrive (see the module's docstring)."""
 
     def __init__(self, app: ASGIApp, settings: Settings | None = None) -> None:
-        self.app = app
+        super().__init__(app)
         self.settings = settings or get_settings()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         idle_s = self.settings.body_read_timeout_s
         min_rate = self.settings.min_body_rate_bytes_s
         started = time.monotonic()

@@ -12,8 +12,9 @@ from stitchsim_service.core.metrics import LATENCY, REQUESTS
 log = logging.getLogger("stitchsim.service")
 
 
-class MetricsMiddleware:
-    """Counts and times every request (pure ASGI: no per-request task like BaseHTTPMiddleware)."""
+class HTTPMiddleware:
+    """Pure ASGI middleware for HTTP requests (no per-request task like BaseHTTPMiddleware);
+    lifespan and other scopes pass straight through."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -22,6 +23,16 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        raise NotImplementedError
+
+
+class MetricsMiddleware(HTTPMiddleware):
+    """Counts and times every request."""
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
         status = 500
 
@@ -45,19 +56,13 @@ class MetricsMiddleware:
             LATENCY.labels(method, name).observe(time.perf_counter() - start)
 
 
-class DisconnectMiddleware:
+class DisconnectMiddleware(HTTPMiddleware):
     """A client that goes away mid-request (a killed upload, a dropped network) is routine at a
     public edge: one INFO line with what was received, instead of an ERROR and a traceback per
     disconnect (9 KB each: a thousand aborted uploads made 9 MB of log). Whatever the request
     had spooled is removed by the upload receiver on the way out."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         received = 0
 
         async def counting_receive() -> Message:
