@@ -56,14 +56,10 @@ def demo_spec(front: Path, back: Path, dataset: str | None) -> Spec:
 def run_demo_job(workdir: Path, finding: str) -> Report:
     """Train the demo models (unless `workdir` has them) and run one check in this process."""
     from stitchsim_worker.engine import Resources, run_job
-    from stitchsim_worker.engine.zoo import make_checkpoint
-    from stitchsim_worker.run_command import DEMO_EPOCHS, DEMO_MODELS
+    from stitchsim_worker.run_command import train_demo_models
 
-    for name, (arch, dataset, seed) in DEMO_MODELS.items():
-        path = workdir / name
-        if not path.exists():
-            accuracy = make_checkpoint(path, arch, dataset, seed=seed, epochs=DEMO_EPOCHS)
-            print(f"trained {name}: {arch} on {dataset}, test accuracy {accuracy:.3f}")
+    for line in train_demo_models(workdir):
+        print(line, flush=True)
     pair = FINDINGS[finding]
     spec = demo_spec(workdir / f"{pair['front']}.safetensors",
                      workdir / f"{pair['back']}.safetensors", pair["dataset"])

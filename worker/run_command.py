@@ -147,25 +147,41 @@ def points_command(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-DEMO_EPOCHS = 12
-DEMO_MODELS = {
-    "reference.safetensors": ("test_resnet", "digits_digit_only", 0),
-    "retrained.safetensors": ("test_resnet", "digits_digit_only", 1),
-    "shortcut.safetensors": ("test_resnet", "digits_marker", 0),
+# The demo's models: a test_resnet whose stem and first stage are wide enough to be close to
+# invertible on 32 px inputs, as the papers' CIFAR ResNet-18 is. At timm's default widths
+# (stem 16, first stage 32) a ReLU layer already discards enough that two seeds share no
+# invariances even at the first stage (IRI back-model agreement 0.11 at layer1, measured), and
+# the demo could not show the published shallow-to-deep shape.
+DEMO_ARCH = "test_resnet"
+DEMO_ARCH_KWARGS: dict[str, object] = {"stem_width": 64, "channels": [128, 128, 128, 192]}
+DEMO_EPOCHS = 8
+DEMO_MODELS = {  # file name: (dataset, seed)
+    "reference.safetensors": ("digits_digit_only", 0),
+    "retrained.safetensors": ("digits_digit_only", 1),
+    "shortcut.safetensors": ("digits_marker", 0),
 }
 
 
-def demo_models_command(args: argparse.Namespace) -> int:
+def train_demo_models(out: Path) -> list[str]:
+    """Train the demo models that `out` does not have yet; one line per model."""
     from stitchsim_worker.engine.zoo import make_checkpoint
 
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, (arch, dataset, seed) in DEMO_MODELS.items():
-        path = args.out / name
+    out.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for name, (dataset, seed) in DEMO_MODELS.items():
+        path = out / name
         if path.exists():
-            print(f"{path}: exists")
+            lines.append(f"{path}: exists")
             continue
-        acc = make_checkpoint(path, arch, dataset, seed=seed, epochs=DEMO_EPOCHS)
-        print(f"{path}: {arch} trained on {dataset}, test accuracy {acc:.3f}")
+        acc = make_checkpoint(path, DEMO_ARCH, dataset, seed=seed, epochs=DEMO_EPOCHS,
+                              arch_kwargs=DEMO_ARCH_KWARGS)
+        lines.append(f"{path}: {DEMO_ARCH} trained on {dataset}, test accuracy {acc:.3f}")
+    return lines
+
+
+def demo_models_command(args: argparse.Namespace) -> int:
+    for line in train_demo_models(args.out):
+        print(line, flush=True)
     if args.robust:
         _robust_demo_model(args.out / "robust.safetensors")
     return EXIT_OK
