@@ -40,7 +40,8 @@ def make_resources(ctx: Context) -> Any:
     return Resources(cache_dir=cache, checkpoint_path=resolve("checkpoints"),
                      dataset_path=resolve("datasets"), allow_local_paths=False,
                      max_model_params=ctx.settings.max_model_params,
-                     max_job_units=ctx.settings.max_job_units)
+                     max_job_units=ctx.settings.max_job_units,
+                     max_activation_bytes=ctx.settings.max_activation_bytes)
 
 
 def _jsonable(value: Any) -> Any:
@@ -51,16 +52,38 @@ def _jsonable(value: Any) -> Any:
         return str(value)
 
 
-def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any] | None:
-    """None when the spec can run; else the error the gateway answers with (422)."""
+def estimate_of(ctx: Context, units: int) -> dict[str, Any]:
+    """A job's estimate as the contract's Estimate: units, and seconds at the calibrated rate."""
+    return {"units": units, "seconds": round(units * ctx.settings.seconds_per_unit, 1)}
+
+
+def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
+    """{"estimate": Estimate} when the spec can run; else {"error": the 422 the gateway
+    answers with}."""
     from stitchsim_worker.engine import SpecError, check_spec
 
     spec = Spec.model_validate(spec_doc)
     try:
-        check_spec(spec, resources=make_resources(ctx))
+        checked = check_spec(spec, resources=make_resources(ctx))
     except SpecError as exc:
-        return {"code": exc.code, "message": exc.message, "details": _jsonable(exc.details)}
-    return None
+        details = _jsonable(exc.details)
+        message = exc.message
+        if exc.code == "job_too_large" and isinstance(details, dict) and "units" in details:
+            est = estimate_of(ctx, int(details["units"]))
+            details = {**details, "estimate": est}
+            message += (f" (estimate: about {est['seconds']:,.0f} s of worker time, at "
+                        f"{ctx.settings.seconds_per_unit:g} s a unit)")
+        return {"error": {"code": exc.code, "message": message, "details": details}}
+    except MemoryError:
+        # The check's own address-space limit (STITCHSIM_CHECK_MEMORY_BYTES) stopped it: the
+        # spec asks for more than the estimates caught, and far more than a job may use.
+        limit = ctx.settings.check_memory_bytes
+        return {"error": {"code": "job_too_large",
+                          "message": "checking this spec ran out of the spec check's memory "
+                                     f"limit ({limit:,} bytes, STITCHSIM_CHECK_MEMORY_BYTES); "
+                                     "use smaller models, inputs or datasets",
+                          "details": {"check_memory_bytes": limit}}}
+    return {"estimate": estimate_of(ctx, checked.units)}
 
 
 def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
