@@ -198,9 +198,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
                     exc)
         name_lock = None
     watch_lifeline(settings.shutdown_grace_s)
+    from stitchsim_worker.celery_app import QUEUES_ENV
+
+    # Read by the pool children: a checks-only worker runs under the checks' memory limit.
+    os.environ[QUEUES_ENV] = args.queues
+    pool = ["--concurrency", str(concurrency)]
+    if settings.worker_idle_release_s > 0:
+        # Celery's autoscaler down to no process: idle, nothing holds torch; a task forks a
+        # child at once. Read by celery.worker.autoscale at import, hence the environment.
+        os.environ["AUTOSCALE_KEEPALIVE"] = str(settings.worker_idle_release_s)
+        pool = ["--autoscale", f"{concurrency},0"]
     from stitchsim_worker.celery_app import app
 
-    argv = ["worker", "--queues", args.queues, "--concurrency", str(concurrency),
+    argv = ["worker", "--queues", args.queues, *pool,
             "--loglevel", args.loglevel.upper(), "--without-gossip", "--without-mingle",
             "--without-heartbeat", "--pool", "prefork", "--hostname", name]
     try:

@@ -122,6 +122,11 @@ class Settings(BaseSettings):
         default=4, ge=1, description="of those, how many one key may send at once (429 beyond)")
     upload_retry_after_s: int = Field(
         default=5, ge=1, description="Retry-After sent when no upload slot is free")
+    worker_idle_release_s: float = Field(
+        default=60.0, ge=0, description="a worker's pool processes (each holding torch and "
+        "the engine, ~1 GB) exit after this long without a task, and are forked again, light, "
+        "when the next task arrives: an idle service holds no torch process. 0: keep them, "
+        "with the engine loaded at start (no import on a job's first second)")
     cache_dir: Path | None = Field(default=None, description="worker cache; <data_dir>/cache")
     worker_concurrency: int = Field(default=1, ge=1)
     shutdown_grace_s: float = Field(

@@ -1,7 +1,9 @@
 """The progress plan: a job's work counted up front in units (about one batch through a network
 part), from the registered entries' costs, so progress and ETA cover the whole job. The same
 count is the job's compute budget at submission (check.py): a spec above the operator's limit
-is refused before it is queued, with the fields that make it large."""
+is refused before it is queued, with the fields that make it large. IRIs count at their cap
+(every extra round): the budget is an upper bound, and the progress tracker shows them at the
+share of the cap they are expected to take (progress.Plan)."""
 
 from __future__ import annotations
 
@@ -10,14 +12,29 @@ import math
 from stitchsim.models import AdversarialSettings, IRISettings, Spec, TrainSettings
 from stitchsim_worker.engine.context import EVAL_BATCH
 from stitchsim_worker.engine.controls import CONTROLS, controls_to_run
+from stitchsim_worker.engine.iri import round_lengths
 from stitchsim_worker.engine.measures import measure_units
 from stitchsim_worker.engine.objectives import OBJECTIVES
 from stitchsim_worker.engine.preparation import Prepared
+from stitchsim_worker.engine.progress import Plan
 from stitchsim_worker.engine.protocols import PROTOCOLS
 
 
-def plan_units(spec: Spec, prep: Prepared) -> int:
-    return job_units(spec, len(prep.data.train), len(prep.data.test), len(prep.pairs))
+def plan_units(spec: Spec, prep: Prepared) -> Plan:
+    n_tr, n_te, n_pairs = len(prep.data.train), len(prep.data.test), len(prep.pairs)
+    return Plan(units=job_units(spec, n_tr, n_te, n_pairs),
+                elastic=iri_cap_units(spec, n_tr, n_pairs),
+                expect=spec.iri.steps / sum(round_lengths(spec.iri)))
+
+
+def iri_cap_units(spec: Spec, n_tr: int, n_pairs: int) -> int:
+    """The invariance-aware protocol's IRIs in job_units, counted at their cap: how long they
+    take is known only as they converge (progress.Plan.elastic)."""
+    if "invariance_aware" not in spec.protocols:
+        return 0
+    runs = 1 + sum(CONTROLS[c].runs(spec) for c in controls_to_run(spec))
+    return len(spec.direction_list()) * n_pairs * runs * PROTOCOLS["invariance_aware"].cost(
+        spec, n_tr)
 
 
 def job_units(spec: Spec, n_tr: int, n_te: int, n_pairs: int) -> int:
