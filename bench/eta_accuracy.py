@@ -1,5 +1,5 @@
 """How close the running ETA comes to the truth: jobs run in-process (no HTTP, no Celery) with
-the worker's own ETA formula (runner.eta_seconds) fed by the engine's progress; at each
+the worker's own ETA (runner.EtaClock) fed by the engine's progress; at each
 checkpoint of progress (10 %, 25 %, 50 %, 75 %) the ETA shown is compared with the time the job
 then really took to finish.
 
@@ -31,7 +31,7 @@ from stitchsim.models import Spec  # noqa: E402
 from stitchsim_worker.engine import Resources, run_job  # noqa: E402
 from stitchsim_worker.engine.zoo import make_checkpoint  # noqa: E402
 from stitchsim_worker.run_command import DEMO_EPOCHS, DEMO_MODELS  # noqa: E402
-from stitchsim_worker.runner import eta_seconds  # noqa: E402
+from stitchsim_worker.runner import EtaClock  # noqa: E402
 
 from tests.service.helpers import TINY_SPEC  # noqa: E402
 
@@ -67,6 +67,7 @@ def measure(spec: Spec, cache: Path) -> tuple[list[tuple[float, float, float]], 
     st = Stats()
     last = [0, t0]  # done, when it last moved
     prev: list[Any] = ["", 0, t0]  # stage, done, when: the figures the next call charges to
+    clock = EtaClock()  # the worker's own ETA
 
     def progress(stage: str, done: int, total: int) -> None:
         now = time.monotonic()
@@ -78,6 +79,7 @@ def measure(spec: Spec, cache: Path) -> tuple[list[tuple[float, float, float]], 
         st.units = total
         if not total:
             return
+        eta = clock.eta(stage, done, total, now)
         if not planned:
             planned.append(now)
         if done != last[0]:
@@ -87,7 +89,6 @@ def measure(spec: Spec, cache: Path) -> tuple[list[tuple[float, float, float]], 
             st.full_at = now - t0
         frac = done / total
         while len(seen) < len(MARKS) and MARKS[len(seen)] <= frac < 1.0:
-            eta = eta_seconds(now - planned[0], done, total)
             seen.append((frac, eta if eta is not None else float("nan"), now - t0))
 
     run_job(spec, resources=Resources(cache_dir=cache), progress=progress)

@@ -70,6 +70,11 @@ def _limit_memory(limit: int | None) -> None:
     check's estimates fails there with MemoryError (answered 422), not the host."""
     if not limit:
         return
+    # Checks compute on the meta device: one thread is all they need, and every thread's
+    # stack and malloc arena would count against the limit.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"
+    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
     import resource
 
     try:

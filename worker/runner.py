@@ -98,6 +98,33 @@ def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
     return None
 
 
+class EtaClock:
+    """The running ETA of one attempt: the rate over the units done since the plan, and once
+    the job has left its first stage, over the units done since then. The first stage's units
+    (the test split through both models, right after loading) carry the first batches'
+    warm-up and ran 4-8x slower per unit than the rest (bench/eta_accuracy.py)."""
+
+    def __init__(self) -> None:
+        self._start: tuple[float, int] | None = None  # when the plan was made, done then
+        self._rebased: tuple[float, int] | None = None  # when the first stage ended
+        self._first = ""
+
+    def eta(self, stage: str, done: int, total: int, now: float) -> float | None:
+        kind = stage.split(" ")[0]
+        if self._start is None:
+            if not total:
+                return None
+            self._start, self._first = (now, done), kind
+        if self._rebased is None and kind not in (self._first, "done"):
+            self._rebased = (now, done)
+        if self._rebased is not None:
+            t0, d0 = self._rebased
+            if done - d0 > 0 and now - t0 >= 0.5:
+                return eta_seconds(now - t0, done - d0, total - d0)
+        t0, d0 = self._start
+        return eta_seconds(now - t0, done - d0, total - d0)
+
+
 class _Tracker:
     """Heartbeat thread + progress + cancel flag for one attempt."""
 
@@ -108,7 +135,7 @@ class _Tracker:
         self._lock = threading.Lock()
         self._progress = Progress(stage="starting")
         self._dirty = True
-        self._planned: float | None = None  # when the plan was made: the units' clock
+        self._clock = EtaClock()
         self._cancel = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stitchsim-heartbeat",
@@ -124,10 +151,8 @@ class _Tracker:
     def progress(self, stage: str, done: int, total: int) -> None:
         now = time.monotonic()
         with self._lock:
-            if total and self._planned is None:
-                self._planned = now
             changed = stage != self._progress.stage
-            eta = eta_seconds(now - (self._planned or now), done, total)
+            eta = self._clock.eta(stage, done, total, now)
             self._progress = Progress(stage=stage, done=done, total=total, eta_s=eta)
             self._dirty = True
         if changed:

@@ -80,7 +80,7 @@ class Settings(BaseSettings):
         "model's largest module output, estimated from the spec check's meta forward before "
         "anything is allocated (422 job_too_large beyond)")
     check_memory_bytes: int | None = Field(
-        default=6 * 1024**3, ge=256 * 1024**2, description="address-space limit (RLIMIT_AS) "
+        default=8 * 1024**3, ge=256 * 1024**2, description="address-space limit (RLIMIT_AS) "
         "of the process that runs spec checks: a spec that gets past the estimates still "
         "cannot take the host's memory")
     max_pending_checks_per_key: int = Field(

@@ -16,17 +16,19 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.fixtures_service import ServiceFactory, ServiceHandle, cli_command
+from tests.fixtures_service import ServiceFactory, ServiceHandle, _children, cli_command
 from tests.service.conftest import tiny_spec, upload
 
+CHECK_MEMORY = 6 * 1024**3
 ENV = {"STITCHSIM_REQUIRE_API_KEY": "true", "STITCHSIM_QUOTA_RETRY_AFTER_S": "9",
        "STITCHSIM_SECONDS_PER_UNIT": "0.5", "STITCHSIM_MAX_PENDING_CHECKS_PER_KEY": "2",
-       "STITCHSIM_CHECK_RETRY_AFTER_S": "4"}
+       "STITCHSIM_CHECK_RETRY_AFTER_S": "4", "STITCHSIM_CHECK_MEMORY_BYTES": str(CHECK_MEMORY)}
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +138,9 @@ def test_one_key_flooding_slow_checks_cannot_starve_another(checks_only: Service
     # Behind at most two of the flood's checks, not eight.
     assert took < 3 * slowest + 2, (took, answers)
     print(f"\nflood answers (code, s): {answers}; the other key's 422 took {took:.2f} s")
+    # The checks ran in a pool process under the checks' own address-space limit.
+    children = [pid for parent in svc.worker_pids("checks") for pid in _children(parent)]
+    assert children, "no checks pool process after the checks"
+    limits = Path(f"/proc/{children[0]}/limits").read_text()
+    line = next(ln for ln in limits.splitlines() if ln.startswith("Max address space"))
+    assert line.split()[3] == str(CHECK_MEMORY), line

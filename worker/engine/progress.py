@@ -6,8 +6,8 @@ controls), not only where a loop remembers to ask.
 Some work has a length known only as it runs: IRIs stop once converged, anywhere between
 their first round and their cap (every extra round). The plan counts that work at its cap as
 `elastic` units, and the total shown is the best guess of the job's real length: fixed work
-plus elastic work times the share of their caps the IRIs took so far (before any finished:
-the first round's share). Work running past the guess grows the total with it, so the bar
+plus elastic work times the share of their caps the IRIs took so far (the plan's guess
+counting as one span). Work running past the guess grows the total with it, so the bar
 never stands at 100 % before the end and never passes it, and the ETA (the rate so far times
 what is left, runner.eta_seconds) counts neither unused caps nor skipped work."""
 
@@ -109,6 +109,10 @@ class Tracker:
             _, used, _ = self._span
             self._span = None
             if used:
+                # The plan's guess counts as one span more: a first shallow stitch point that
+                # converged in one round must not make the deeper ones look as quick.
+                if not self._capped:
+                    self._used, self._capped = round(self._expect * cap), cap
                 self._used, self._capped = self._used + used, self._capped + cap
                 self._expect = self._used / self._capped
             self._retotal()
