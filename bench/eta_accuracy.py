@@ -8,9 +8,10 @@ then really took to finish.
 Prints one line per job and checkpoint: ETA, true remaining seconds, their ratio (1.0 is
 exact; the promise is within 0.5-2), and the job's work units (the per-job budget's count);
 then per job the seconds a unit took (what STITCHSIM_SECONDS_PER_UNIT should be on this
-machine), the longest stretch the progress bar stood still and whether it reached 100 %
-before the end. `demo` is examples/demo-spec.json on the demo's reference and retrained
-models (`stitchsim-server demo-models`).
+machine), the spec check's estimate against the time taken, the longest stretch the progress
+bar stood still and whether it reached 100 % before the end. `demo` is
+examples/demo-spec.json on the demo's reference and retrained models (`stitchsim-server
+demo-models`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stitchsim.models import Spec  # noqa: E402
-from stitchsim_worker.engine import Resources, run_job  # noqa: E402
+from stitchsim_service.core.settings import Settings  # noqa: E402
+from stitchsim_worker.engine import Resources, check_spec, run_job  # noqa: E402
 from stitchsim_worker.engine.zoo import make_checkpoint  # noqa: E402
 from stitchsim_worker.run_command import DEMO_EPOCHS, DEMO_MODELS  # noqa: E402
 from stitchsim_worker.runner import EtaClock  # noqa: E402
@@ -122,6 +124,7 @@ def main() -> int:
                     paths.append({"checkpoint": {"path": str(root / file)}})
                 front, back = paths
             spec = Spec.model_validate({**JOBS[name], "front": front, "back": back})
+            checked = check_spec(spec, resources=Resources(cache_dir=root))
             points, st = measure(spec, root / f"cache-{name}")
             for frac, eta, truth in points:
                 ratio = eta / truth if truth > 0 else float("nan")
@@ -132,6 +135,11 @@ def main() -> int:
             print(f"{name:9s} {st.seconds:.1f} s for {st.units} units: "
                   f"{st.seconds / max(st.units, 1):.4f} s a unit; longest stall "
                   f"{st.stall_s:.1f} s; at 100 % {full}", flush=True)
+            spu = Settings().seconds_per_unit
+            print(f"{name:9s} estimate at submission: {checked.units} units (IRIs at their cap), "
+                  f"{checked.expected_units} expected, {checked.expected_units * spu:.1f} s at "
+                  f"{spu:g} s a unit; took {st.seconds:.1f} s, ratio "
+                  f"{checked.expected_units * spu / st.seconds:.2f}", flush=True)
             print(f"{name:9s} by stage: " + ", ".join(
                 f"{k} {sec:.1f} s / {u:.0f} units = {sec / u:.4f}" if u else f"{k} {sec:.1f} s"
                 for k, (sec, u) in st.by_stage.items() if k and sec > 0.05), flush=True)

@@ -52,9 +52,10 @@ def _jsonable(value: Any) -> Any:
         return str(value)
 
 
-def estimate_of(ctx: Context, units: int) -> dict[str, Any]:
-    """A job's estimate as the contract's Estimate: units, and seconds at the calibrated rate."""
-    return {"units": units, "seconds": round(units * ctx.settings.seconds_per_unit, 1)}
+def estimate_of(ctx: Context, units: int, expected: int) -> dict[str, Any]:
+    """A job's estimate as the contract's Estimate: its units (the budget, IRIs at their cap),
+    and the seconds its expected units take at the calibrated rate."""
+    return {"units": units, "seconds": round(expected * ctx.settings.seconds_per_unit, 1)}
 
 
 def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +70,8 @@ def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
         details = _jsonable(exc.details)
         message = exc.message
         if exc.code == "job_too_large" and isinstance(details, dict) and "units" in details:
-            est = estimate_of(ctx, int(details["units"]))
+            est = estimate_of(ctx, int(details["units"]),
+                              int(details.get("expected_units", details["units"])))
             details = {**details, "estimate": est}
             message += (f" (estimate: about {est['seconds']:,.0f} s of worker time, at "
                         f"{ctx.settings.seconds_per_unit:g} s a unit)")
@@ -83,7 +85,7 @@ def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
                                      f"limit ({limit:,} bytes, STITCHSIM_CHECK_MEMORY_BYTES); "
                                      "use smaller models, inputs or datasets",
                           "details": {"check_memory_bytes": limit}}}
-    return {"estimate": estimate_of(ctx, checked.units)}
+    return {"estimate": estimate_of(ctx, checked.units, checked.expected_units)}
 
 
 def eta_seconds(elapsed: float, done: int, total: int) -> float | None:

@@ -72,7 +72,7 @@ class Settings(BaseSettings):
         "a key may have queued or running at once (429 compute_quota_exceeded beyond); "
         "`stitchsim-server keys limits --max-units` overrides it per key")
     seconds_per_unit: float = Field(
-        default=0.01, gt=0, description="a work unit's run time on the workers, for the "
+        default=0.04, gt=0, description="a work unit's run time on the workers, for the "
         "estimate in the job status and the 422/429 messages (calibrate with "
         "bench/eta_accuracy.py on the workers' device)")
     max_activation_bytes: int | None = Field(

@@ -20,12 +20,13 @@ from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.models import LoadedModel, meta_model
 from stitchsim_worker.engine.network import EXAMPLE_BATCH, Network
-from stitchsim_worker.engine.plan import job_units, what_to_shrink
+from stitchsim_worker.engine.plan import job_plan, what_to_shrink
 from stitchsim_worker.engine.preparation import (
     check_classes,
     check_protocols,
     pair_points_of,
 )
+from stitchsim_worker.engine.progress import Plan
 from stitchsim_worker.engine.resources import Resources
 
 META = torch.device("meta")
@@ -37,7 +38,9 @@ class Checked:
     """What the check counted for a spec that can run: its cost before it is queued."""
 
     units: int
-    """The job's work units, as its progress plan will count them."""
+    """The job's work units, as its progress plan counts them (IRIs at their cap): the budget."""
+    expected_units: int
+    """The units it is expected to take (IRIs at their expected share of the cap)."""
     activation_bytes: int
     """One batch's activation at the largest module output of either model."""
 
@@ -78,9 +81,9 @@ def check_spec(spec: Spec, *, resources: Resources) -> Checked:
     if not pairs:
         raise SpecError("no stitch points could be paired between the two models",
                         code="unknown_layer")
-    units = _check_budget(spec, len(data.train), len(data.test), len(pairs),
-                          resources.max_job_units)
-    return Checked(units=units, activation_bytes=activation)
+    plan = _check_budget(spec, len(data.train), len(data.test), len(pairs),
+                         resources.max_job_units)
+    return Checked(units=plan.units, expected_units=plan.expected, activation_bytes=activation)
 
 
 def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | None) -> int:
@@ -109,16 +112,18 @@ def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | N
     return need
 
 
-def _check_budget(spec: Spec, n_tr: int, n_te: int, n_pairs: int, limit: int | None) -> int:
+def _check_budget(spec: Spec, n_tr: int, n_te: int, n_pairs: int, limit: int | None) -> Plan:
     """The job's work, counted as its progress plan will count it, against the per-job limit."""
-    units = job_units(spec, n_tr, n_te, n_pairs)
+    plan = job_plan(spec, n_tr, n_te, n_pairs)
+    units = plan.units
     if limit is None or units <= limit:
-        return units
+        return plan
     shrink = what_to_shrink(spec, n_pairs)
     raise SpecError(
         f"the job would take {units:,} work units (about one batch through a network part "
         f"each), more than the {limit:,} this service allows per job (STITCHSIM_MAX_JOB_UNITS); "
         f"shrink {', '.join(shrink[:4]) or 'the dataset or the stitch points'}",
         code="job_too_large",
-        details={"units": units, "limit": limit, "shrink": shrink,
+        details={"units": units, "expected_units": plan.expected, "limit": limit,
+                 "shrink": shrink,
                  "n_train": n_tr, "n_test": n_te, "stitch_pairs": n_pairs})

@@ -21,7 +21,10 @@ from stitchsim_worker.engine.protocols import PROTOCOLS
 
 
 def plan_units(spec: Spec, prep: Prepared) -> Plan:
-    n_tr, n_te, n_pairs = len(prep.data.train), len(prep.data.test), len(prep.pairs)
+    return job_plan(spec, len(prep.data.train), len(prep.data.test), len(prep.pairs))
+
+
+def job_plan(spec: Spec, n_tr: int, n_te: int, n_pairs: int) -> Plan:
     return Plan(units=job_units(spec, n_tr, n_te, n_pairs),
                 elastic=iri_cap_units(spec, n_tr, n_pairs),
                 expect=max(IRI_EXPECT, spec.iri.steps / sum(round_lengths(spec.iri))))

@@ -33,6 +33,11 @@ class Plan:
     elastic: int = 0
     expect: float = 1.0
 
+    @property
+    def expected(self) -> int:
+        """The units the job is expected to take: its elastic part at the expected share."""
+        return self.units - self.elastic + round(self.elastic * self.expect)
+
 
 class Tracker:
     def __init__(self, fn: ProgressFn | None, should_cancel: CancelFn | None):
