@@ -19,7 +19,7 @@ from celery.signals import (
 from stitchsim_service.core import jobs, workers
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.db import forget_inherited_databases
-from stitchsim_service.core.queue import RUN_TASK, make_celery
+from stitchsim_service.core.queue import CHECKS_QUEUE, RUN_TASK, make_celery
 from stitchsim_service.core.settings import get_settings
 from stitchsim_worker.lifeline import die_with_parent
 
@@ -41,17 +41,48 @@ def worker_context() -> Context:
     return _ctx
 
 
+QUEUES_ENV = "STITCHSIM_WORKER_QUEUES"
+"""The queues the worker consumes, as `stitchsim-server worker` was told (for its children)."""
+
+
 @worker_process_init.connect
 def _child_init(**_: Any) -> None:
     # A job must not go on computing in an orphan once its worker is gone (kill -9, OOM).
     die_with_parent()
     forget_inherited_databases()
-    # Import the engine (torch, timm) in the child, after the fork: the parent stays light and
-    # never initialises CUDA, and the first task does not pay for the import.
+    settings = get_settings()
+    if os.environ.get(QUEUES_ENV) == CHECKS_QUEUE:
+        _limit_memory(settings.check_memory_bytes)
+    if settings.worker_idle_release_s > 0:
+        # Forked when a task arrives and gone when idle: the task's own imports load the
+        # engine, and an idle worker holds no torch at all.
+        return
+    # Kept for the worker's life: import the engine (torch, timm) now, after the fork, so the
+    # parent stays light and never initialises CUDA, and the first task does not pay for it.
     try:
         import stitchsim_worker.engine  # noqa: F401
     except Exception as exc:
         log.error("the engine cannot be imported: %s", exc)
+
+
+def _limit_memory(limit: int | None) -> None:
+    """An address-space limit for a child that only checks specs: a spec that gets past the
+    check's estimates fails there with MemoryError (answered 422), not the host."""
+    if not limit:
+        return
+    # Checks compute on the meta device: one thread is all they need, and every thread's
+    # stack and malloc arena would count against the limit.
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = "1"
+    os.environ.setdefault("MALLOC_ARENA_MAX", "2")
+    import resource
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        cap = limit if hard == resource.RLIM_INFINITY else min(limit, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (ValueError, OSError) as exc:
+        log.warning("cannot limit the spec check's memory: %s", exc)
 
 
 @task_received.connect

@@ -198,9 +198,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
                     exc)
         name_lock = None
     watch_lifeline(settings.shutdown_grace_s)
+    from stitchsim_worker.celery_app import QUEUES_ENV
+
+    # Read by the pool children: a checks-only worker runs under the checks' memory limit.
+    os.environ[QUEUES_ENV] = args.queues
+    pool = ["--concurrency", str(concurrency)]
+    if settings.worker_idle_release_s > 0:
+        # Celery's autoscaler down to no process: idle, nothing holds torch; a task forks a
+        # child at once. Read by celery.worker.autoscale at import, hence the environment.
+        os.environ["AUTOSCALE_KEEPALIVE"] = str(settings.worker_idle_release_s)
+        pool = ["--autoscale", f"{concurrency},0"]
     from stitchsim_worker.celery_app import app
 
-    argv = ["worker", "--queues", args.queues, "--concurrency", str(concurrency),
+    argv = ["worker", "--queues", args.queues, *pool,
             "--loglevel", args.loglevel.upper(), "--without-gossip", "--without-mingle",
             "--without-heartbeat", "--pool", "prefork", "--hostname", name]
     try:
@@ -220,7 +230,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     if args.keys_cmd == "create":
         new = create_key(db, args.name)
         print(f"id:  {new.id}\nkey: {new.key}\n(shown once: only its hash is stored)")
-        if args.max_jobs is not None or args.max_stored_bytes is not None:
+        if any(v is not None for v in (args.max_jobs, args.max_stored_bytes, args.max_units)):
             return _set_limits(db, new.id, args)
     elif args.keys_cmd == "list":
         for row in list_keys(db):
@@ -244,7 +254,8 @@ def _set_limits(db, owner: str, args: argparse.Namespace) -> int:  # type: ignor
 
     changes = {name: None if value == "default" else value
                for name, value in (("max_active_jobs", args.max_jobs),
-                                   ("max_stored_bytes", args.max_stored_bytes))
+                                   ("max_stored_bytes", args.max_stored_bytes),
+                                   ("max_active_units", args.max_units))
                if value is not None}
     settings = _settings()
     with db.write() as s:
@@ -252,7 +263,9 @@ def _set_limits(db, owner: str, args: argparse.Namespace) -> int:  # type: ignor
             quotas.set_limits(s, owner, changes)
             s.flush()
         u = quotas.usage(s, settings, owner)
+    units = "no limit" if u.max_active_units is None else f"{u.max_active_units}"
     print(f"{owner}: {u.active_jobs} of {u.max_active_jobs} jobs in flight, "
+          f"{u.active_units} of {units} work units in flight, "
           f"{u.stored_bytes} of {u.max_stored_bytes} bytes stored")
     return 0
 
@@ -286,6 +299,9 @@ def _limit_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-stored-bytes", type=_limit("bytes"),
                    help="bytes of checkpoints and datasets kept, e.g. 20G "
                         "(STITCHSIM_MAX_STORED_BYTES_PER_KEY when 'default')")
+    p.add_argument("--max-units", type=_limit("count"),
+                   help="estimated work units of the jobs queued or running at once, e.g. "
+                        "3000000 (STITCHSIM_MAX_ACTIVE_UNITS_PER_KEY when 'default')")
 
 
 # ---------------------------------------------------------------- parser

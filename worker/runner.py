@@ -40,7 +40,8 @@ def make_resources(ctx: Context) -> Any:
     return Resources(cache_dir=cache, checkpoint_path=resolve("checkpoints"),
                      dataset_path=resolve("datasets"), allow_local_paths=False,
                      max_model_params=ctx.settings.max_model_params,
-                     max_job_units=ctx.settings.max_job_units)
+                     max_job_units=ctx.settings.max_job_units,
+                     max_activation_bytes=ctx.settings.max_activation_bytes)
 
 
 def _jsonable(value: Any) -> Any:
@@ -51,16 +52,40 @@ def _jsonable(value: Any) -> Any:
         return str(value)
 
 
-def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any] | None:
-    """None when the spec can run; else the error the gateway answers with (422)."""
+def estimate_of(ctx: Context, units: int, expected: int) -> dict[str, Any]:
+    """A job's estimate as the contract's Estimate: its units (the budget, IRIs at their cap),
+    and the seconds its expected units take at the calibrated rate."""
+    return {"units": units, "seconds": round(expected * ctx.settings.seconds_per_unit, 1)}
+
+
+def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
+    """{"estimate": Estimate} when the spec can run; else {"error": the 422 the gateway
+    answers with}."""
     from stitchsim_worker.engine import SpecError, check_spec
 
     spec = Spec.model_validate(spec_doc)
     try:
-        check_spec(spec, resources=make_resources(ctx))
+        checked = check_spec(spec, resources=make_resources(ctx))
     except SpecError as exc:
-        return {"code": exc.code, "message": exc.message, "details": _jsonable(exc.details)}
-    return None
+        details = _jsonable(exc.details)
+        message = exc.message
+        if exc.code == "job_too_large" and isinstance(details, dict) and "units" in details:
+            est = estimate_of(ctx, int(details["units"]),
+                              int(details.get("expected_units", details["units"])))
+            details = {**details, "estimate": est}
+            message += (f" (estimate: about {est['seconds']:,.0f} s of worker time, at "
+                        f"{ctx.settings.seconds_per_unit:g} s a unit)")
+        return {"error": {"code": exc.code, "message": message, "details": details}}
+    except MemoryError:
+        # The check's own address-space limit (STITCHSIM_CHECK_MEMORY_BYTES) stopped it: the
+        # spec asks for more than the estimates caught, and far more than a job may use.
+        limit = ctx.settings.check_memory_bytes
+        return {"error": {"code": "job_too_large",
+                          "message": "checking this spec ran out of the spec check's memory "
+                                     f"limit ({limit:,} bytes, STITCHSIM_CHECK_MEMORY_BYTES); "
+                                     "use smaller models, inputs or datasets",
+                          "details": {"check_memory_bytes": limit}}}
+    return {"estimate": estimate_of(ctx, checked.units, checked.expected_units)}
 
 
 def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
@@ -75,6 +100,33 @@ def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
     return None
 
 
+class EtaClock:
+    """The running ETA of one attempt: the rate over the units done since the plan, and once
+    the job has left its first stage, over the units done since then. The first stage's units
+    (the test split through both models, right after loading) carry the first batches'
+    warm-up and ran 4-8x slower per unit than the rest (bench/eta_accuracy.py)."""
+
+    def __init__(self) -> None:
+        self._start: tuple[float, int] | None = None  # when the plan was made, done then
+        self._rebased: tuple[float, int] | None = None  # when the first stage ended
+        self._first = ""
+
+    def eta(self, stage: str, done: int, total: int, now: float) -> float | None:
+        kind = stage.split(" ")[0]
+        if self._start is None:
+            if not total:
+                return None
+            self._start, self._first = (now, done), kind
+        if self._rebased is None and kind not in (self._first, "done"):
+            self._rebased = (now, done)
+        if self._rebased is not None:
+            t0, d0 = self._rebased
+            if done - d0 > 0 and now - t0 >= 0.5:
+                return eta_seconds(now - t0, done - d0, total - d0)
+        t0, d0 = self._start
+        return eta_seconds(now - t0, done - d0, total - d0)
+
+
 class _Tracker:
     """Heartbeat thread + progress + cancel flag for one attempt."""
 
@@ -85,7 +137,7 @@ class _Tracker:
         self._lock = threading.Lock()
         self._progress = Progress(stage="starting")
         self._dirty = True
-        self._planned: float | None = None  # when the plan was made: the units' clock
+        self._clock = EtaClock()
         self._cancel = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stitchsim-heartbeat",
@@ -101,10 +153,8 @@ class _Tracker:
     def progress(self, stage: str, done: int, total: int) -> None:
         now = time.monotonic()
         with self._lock:
-            if total and self._planned is None:
-                self._planned = now
             changed = stage != self._progress.stage
-            eta = eta_seconds(now - (self._planned or now), done, total)
+            eta = self._clock.eta(stage, done, total, now)
             self._progress = Progress(stage=stage, done=done, total=total, eta_s=eta)
             self._dirty = True
         if changed:

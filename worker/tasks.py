@@ -17,5 +17,5 @@ def run_job(self: Any, job_id: str) -> str:
 
 # A check is worthless once the gateway stopped waiting: no redelivery, a short limit.
 @app.task(name=CHECK_TASK, acks_late=False, time_limit=120, soft_time_limit=110)
-def check_spec(spec: dict[str, Any]) -> dict[str, Any] | None:
+def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return check_spec_doc(worker_context(), spec)

@@ -59,6 +59,10 @@ _ENTRIES = _GENERIC + (
     _c("idempotency_conflict", 409, True, False, "the Idempotency-Key was used for another "
        "request"),
     _c("too_many_jobs", 429, False, True, "the key has as many jobs in flight as allowed"),
+    _c("compute_quota_exceeded", 429, False, True, "the key's queued and running jobs already "
+       "hold as much estimated work as allowed"),
+    _c("too_many_checks", 429, False, True, "the key has as many spec checks pending as "
+       "allowed"),
     _c("too_many_uploads", 429, False, True, "the key (or the service) is receiving as many "
        "uploads at once as allowed"),
     _c("too_many_connections", 503, False, True, "the service has as many connections open as "

@@ -539,10 +539,21 @@ class ErrorBody(BaseModel):
     error: ErrorInfo
 
 
+class Estimate(BaseModel):
+    """The job's cost as the spec check counted it before the job was queued."""
+
+    units: int = Field(description="work units (about one batch through a network part), as "
+                       "the job's progress plan counts them")
+    seconds: float | None = Field(default=None, description="expected run time on a worker: "
+                                  "units times the service's calibrated seconds per unit")
+
+
 class JobStatus(BaseModel):
     id: str
     state: JobState
     progress: Progress = Progress()
+    estimate: Estimate | None = Field(default=None, description="null when the job was "
+                                      "queued unchecked")
     created_at: datetime
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -579,6 +590,10 @@ class Usage(BaseModel):
     max_active_jobs: int = Field(description="more submissions are answered 429")
     stored_bytes: int = Field(description="bytes of checkpoints and datasets this key keeps")
     max_stored_bytes: int = Field(description="uploads beyond it are answered 413")
+    active_units: int = Field(default=0, description="estimated work units of the jobs "
+                              "queued or running (their estimate.units)")
+    max_active_units: int | None = Field(default=None, description="submissions that would "
+                                         "go beyond it are answered 429; null: no limit")
 
 
 class DatasetInfo(BaseModel):

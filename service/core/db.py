@@ -88,6 +88,8 @@ class JobRow(Base):
     report_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
     idempotency_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
     request_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    est_units: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    est_seconds: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     __table_args__ = (
         UniqueConstraint("owner", "idempotency_key", name="uq_jobs_owner_idem"),
@@ -126,6 +128,7 @@ class KeyLimitsRow(Base):
     owner: Mapped[str] = mapped_column(String(64), primary_key=True)
     max_active_jobs: Mapped[int | None] = mapped_column(Integer, nullable=True)
     max_stored_bytes: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    max_active_units: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class ApiKeyRow(Base):
@@ -187,10 +190,12 @@ class Database:
         for attempt in range(10):
             try:
                 Base.metadata.create_all(self.engine)
+                _add_missing_columns(self.engine)
                 return
             except (OperationalError, ProgrammingError):
                 time.sleep(0.1 * (attempt + 1))
         Base.metadata.create_all(self.engine)
+        _add_missing_columns(self.engine)
 
     @contextmanager
     def read(self) -> Iterator[Session]:
@@ -208,6 +213,22 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    """create_all makes missing tables only: a job table from an older version gets the
+    nullable columns added since, so an upgrade keeps its jobs."""
+    from sqlalchemy import inspect
+
+    insp = inspect(engine)
+    for table in Base.metadata.sorted_tables:
+        have = {c["name"] for c in insp.get_columns(table.name)}
+        for col in table.columns:
+            if col.name in have or not col.nullable:
+                continue
+            kind = col.type.compile(dialect=engine.dialect)
+            with engine.begin() as conn:
+                conn.exec_driver_sql(f"ALTER TABLE {table.name} ADD COLUMN {col.name} {kind}")
 
 
 def _sqlite_pragmas(engine: Engine) -> None:

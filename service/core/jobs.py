@@ -18,7 +18,15 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
-from stitchsim.models import TERMINAL_STATES, ErrorInfo, JobList, JobStatus, Progress, Spec
+from stitchsim.models import (
+    TERMINAL_STATES,
+    ErrorInfo,
+    Estimate,
+    JobList,
+    JobStatus,
+    Progress,
+    Spec,
+)
 from stitchsim_service.core import quotas
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.db import JobRow, utcnow
@@ -43,6 +51,8 @@ def to_status(row: JobRow, *, with_spec: bool = False) -> JobStatus:
         id=row.id,
         state=row.state,  # type: ignore[arg-type]
         progress=Progress(stage=row.stage, done=row.done, total=row.total, eta_s=row.eta_s),
+        estimate=(Estimate(units=row.est_units, seconds=row.est_seconds)
+                  if row.est_units is not None else None),
         created_at=row.created_at,
         started_at=row.started_at,
         finished_at=row.finished_at,
@@ -82,9 +92,10 @@ def check_job_slot(ctx: Context, owner: str) -> None:
 
 
 def insert_job(ctx: Context, owner: str, spec_json: str, *, idempotency_key: str | None,
-               request_hash: str, grants: list[dict[str, Any]]) -> tuple[JobRow, bool]:
+               request_hash: str, grants: list[dict[str, Any]],
+               estimate: Estimate | None = None) -> tuple[JobRow, bool]:
     """Insert a queued job (and the owner's grants to its objects) in one transaction, within
-    the owner's quotas (too_many_jobs / quota_exceeded otherwise).
+    the owner's quotas (too_many_jobs / compute_quota_exceeded / quota_exceeded otherwise).
 
     Returns (row, created); created is False when a concurrent request with the same
     idempotency key won the race.
@@ -95,11 +106,15 @@ def insert_job(ctx: Context, owner: str, spec_json: str, *, idempotency_key: str
     row = JobRow(id=new_job_id(), owner=owner, state="queued", spec_json=spec_json,
                  created_at=now, enqueued_at=now, attempts=0, cancel_requested=False,
                  stage="queued", done=0, total=0, idempotency_key=idempotency_key,
-                 request_hash=request_hash)
+                 request_hash=request_hash,
+                 est_units=estimate.units if estimate else None,
+                 est_seconds=estimate.seconds if estimate else None)
     try:
         with ctx.db.write() as s:
             quotas.lock_owner(s, owner)
             quotas.check_job_slot(s, ctx.settings, owner)
+            if estimate is not None:
+                quotas.check_compute(s, ctx.settings, owner, estimate.units)
             s.add(row)
             for g in grants:
                 grant_existing(s, ctx.settings, owner, **g)

@@ -129,6 +129,8 @@ class CheckOutcome:
     note: str = ""
     busy: bool = False
     """No answer in time: the checkers are busy or gone; the spec is unchecked."""
+    estimate: dict[str, Any] | None = None
+    """What the check counted: {"units": ...} (the job's progress plan)."""
 
 
 class JobQueue:
@@ -177,7 +179,9 @@ class JobQueue:
                 result.forget()
         if out is None:
             return CheckOutcome(True)
-        return CheckOutcome(True, error=out)
+        if "estimate" in out or "error" in out:
+            return CheckOutcome(True, error=out.get("error"), estimate=out.get("estimate"))
+        return CheckOutcome(True, error=out)  # a worker of the previous version: the error
 
     def depth(self, queue: str) -> int | None:
         try:

@@ -1,5 +1,6 @@
-"""Per-key quotas: jobs queued or running at once (too_many_jobs), bytes stored
-(quota_exceeded).
+"""Per-key quotas: jobs queued or running at once (too_many_jobs), their estimated work
+(compute_quota_exceeded: the units the spec check counted, summed over the key's queued and
+running jobs), bytes stored (quota_exceeded).
 
 Limits come from the settings, overridden per key by `stitchsim-server keys limits`. Every
 check runs inside the write transaction that adds the job or the object, after taking a lock
@@ -22,15 +23,23 @@ from stitchsim_service.core.settings import Settings
 class Limits:
     max_active_jobs: int
     max_stored_bytes: int
+    max_active_units: int | None
+    """None: no compute quota."""
+
+
+LIMIT_FIELDS = ("max_active_jobs", "max_stored_bytes", "max_active_units")
 
 
 def limits_for(session: Session, settings: Settings, owner: str) -> Limits:
     row = session.get(KeyLimitsRow, owner)
     jobs = row.max_active_jobs if row and row.max_active_jobs is not None else None
     stored = row.max_stored_bytes if row and row.max_stored_bytes is not None else None
+    units = row.max_active_units if row and row.max_active_units is not None else None
     return Limits(max_active_jobs=settings.max_active_jobs_per_key if jobs is None else jobs,
                   max_stored_bytes=(settings.max_stored_bytes_per_key if stored is None
-                                    else stored))
+                                    else stored),
+                  max_active_units=(settings.max_active_units_per_key if units is None
+                                    else units))
 
 
 def lock_owner(session: Session, owner: str) -> None:
@@ -41,6 +50,13 @@ def lock_owner(session: Session, owner: str) -> None:
 def active_jobs(session: Session, owner: str) -> int:
     return int(session.scalar(select(func.count()).select_from(JobRow).where(
         JobRow.owner == owner, JobRow.state.in_(ACTIVE_STATES))) or 0)
+
+
+def active_units(session: Session, owner: str) -> int:
+    """Estimated units of the owner's queued and running jobs (unchecked jobs count 0)."""
+    return int(session.scalar(
+        select(func.coalesce(func.sum(JobRow.est_units), 0)).where(
+            JobRow.owner == owner, JobRow.state.in_(ACTIVE_STATES))) or 0)
 
 
 def stored_bytes(session: Session, owner: str) -> int:
@@ -55,7 +71,9 @@ def usage(session: Session, settings: Settings, owner: str) -> Usage:
     limits = limits_for(session, settings, owner)
     return Usage(active_jobs=active_jobs(session, owner), max_active_jobs=limits.max_active_jobs,
                  stored_bytes=stored_bytes(session, owner),
-                 max_stored_bytes=limits.max_stored_bytes)
+                 max_stored_bytes=limits.max_stored_bytes,
+                 active_units=active_units(session, owner),
+                 max_active_units=limits.max_active_units)
 
 
 def check_job_slot(session: Session, settings: Settings, owner: str) -> None:
@@ -68,6 +86,29 @@ def check_job_slot(session: Session, settings: Settings, owner: str) -> None:
             f"you have {active} jobs queued or running and the limit for your key is {limit}; "
             "wait for some to finish (or cancel them with DELETE /jobs/{id}), then retry",
             {"active": active, "limit": limit}, retry_after=settings.quota_retry_after_s)
+
+
+def check_compute(session: Session, settings: Settings, owner: str, adding: int) -> None:
+    """compute_quota_exceeded when a job of `adding` estimated units would take the owner's
+    queued-plus-running work over its limit. One job alone above the limit still needs the
+    whole quota free, so it can run once the key's other jobs are done (the per-job limit,
+    job_too_large, is what refuses a job for good)."""
+    limit = limits_for(session, settings, owner).max_active_units
+    if limit is None or adding <= 0:
+        return
+    in_use = active_units(session, owner)
+    if in_use == 0 or in_use + adding <= limit:
+        return
+    spu = settings.seconds_per_unit
+    raise DomainError(
+        "compute_quota_exceeded",
+        f"your queued and running jobs hold {in_use:,} work units (about {in_use * spu:,.0f} s "
+        f"of worker time) and this job would add {adding:,} (about {adding * spu:,.0f} s), "
+        f"over your key's compute quota of {limit:,} units; wait for some jobs to finish (or "
+        "cancel them with DELETE /jobs/{id}), then retry",
+        {"active_units": in_use, "adding_units": adding, "limit_units": limit,
+         "seconds_per_unit": spu},
+        retry_after=settings.quota_retry_after_s)
 
 
 def check_storage(session: Session, settings: Settings, owner: str, adding: int) -> None:
@@ -93,7 +134,7 @@ def set_limits(session: Session, owner: str, changes: dict[str, int | None]) -> 
         row = KeyLimitsRow(owner=owner)
         session.add(row)
     for name, value in changes.items():
-        if name not in ("max_active_jobs", "max_stored_bytes"):
+        if name not in LIMIT_FIELDS:
             raise ValueError(f"no such limit: {name}")
         setattr(row, name, value)
     return row

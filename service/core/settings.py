@@ -67,6 +67,26 @@ class Settings(BaseSettings):
         "part; a default 4-point digits job in both directions and protocols is ~12k) a job "
         "may take, counted at the spec check as its progress plan counts them (422 "
         "job_too_large with the fields to shrink)")
+    max_active_units_per_key: int | None = Field(
+        default=3_000_000, ge=1, description="estimated work units (each job's estimate.units) "
+        "a key may have queued or running at once (429 compute_quota_exceeded beyond); "
+        "`stitchsim-server keys limits --max-units` overrides it per key")
+    seconds_per_unit: float = Field(
+        default=0.04, gt=0, description="a work unit's run time on the workers, for the "
+        "estimate in the job status and the 422/429 messages (calibrate with "
+        "bench/eta_accuracy.py on the workers' device)")
+    max_activation_bytes: int | None = Field(
+        default=4 * 1024**3, ge=1024, description="activation memory one batch may need at the "
+        "model's largest module output, estimated from the spec check's meta forward before "
+        "anything is allocated (422 job_too_large beyond)")
+    check_memory_bytes: int | None = Field(
+        default=8 * 1024**3, ge=256 * 1024**2, description="address-space limit (RLIMIT_AS) "
+        "of the process that runs spec checks: a spec that gets past the estimates still "
+        "cannot take the host's memory")
+    max_pending_checks_per_key: int = Field(
+        default=2, ge=1, description="spec checks one key may have waiting at once per gateway "
+        "process (429 too_many_checks beyond): one key's slow specs cannot fill the checks "
+        "queue ahead of another key's")
     job_time_limit_s: int = Field(default=4 * 3600, ge=10)
     visibility_timeout_s: int | None = Field(
         default=None, description="Redis redelivery timeout; default time limit + 1 h"
@@ -102,6 +122,11 @@ class Settings(BaseSettings):
         default=4, ge=1, description="of those, how many one key may send at once (429 beyond)")
     upload_retry_after_s: int = Field(
         default=5, ge=1, description="Retry-After sent when no upload slot is free")
+    worker_idle_release_s: float = Field(
+        default=60.0, ge=0, description="a worker's pool processes (each holding torch and "
+        "the engine, ~1 GB) exit after this long without a task, and are forked again, light, "
+        "when the next task arrives: an idle service holds no torch process. 0: keep them, "
+        "with the engine loaded at start (no import on a job's first second)")
     cache_dir: Path | None = Field(default=None, description="worker cache; <data_dir>/cache")
     worker_concurrency: int = Field(default=1, ge=1)
     shutdown_grace_s: float = Field(

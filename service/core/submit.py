@@ -5,8 +5,10 @@
     replay     a known Idempotency-Key answers with its job
     quota      a job slot is free (checked early, then again atomically on insert)
     objects    uploaded checkpoints go into the store; grants wait for the insert
-    check      a check worker tries the spec (unknown layer, weights that do not fit ...)
-    insert     the job row and the grants, in one transaction
+    check      a check worker tries the spec (unknown layer, weights that do not fit ...) and
+               counts its work (the estimate); a key has a few checks pending at most
+    insert     the job row, its estimate and the grants, in one transaction (the compute
+               quota is checked there, atomically)
     enqueue    the job goes to the broker; if it cannot, the row goes again
     repair     bytes a concurrent rollback took are put back
 
@@ -19,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -27,7 +31,7 @@ from pydantic import ValidationError
 from stitchsim import codes
 from stitchsim.datasets import BUILTIN
 from stitchsim.files.header import Header
-from stitchsim.models import LocalPath, Spec
+from stitchsim.models import Estimate, LocalPath, Spec
 from stitchsim_service.core import jobs, objects
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.errors import DomainError, NotFoundError, Unavailable, validation_error
@@ -81,9 +85,10 @@ def submit_job(ctx: Context, owner: str, raw: Any, files: Mapping[str, StagedChe
             assert up.header is not None
             grants.append({"kind": "checkpoints", "object_id": up.object_id, "size": up.size,
                            "info": objects.checkpoint_info(up.header)})
-        check_spec(ctx, spec_doc)
+        estimate = check_spec(ctx, owner, spec_doc)
         row, created = jobs.insert_job(ctx, owner, spec_json, idempotency_key=idempotency_key,
-                                       request_hash=request_hash, grants=grants)
+                                       request_hash=request_hash, grants=grants,
+                                       estimate=estimate)
         if not created:
             # Lost a race against the same Idempotency-Key: that request's job is ours.
             return _replay(row.id, row.request_hash, request_hash)
@@ -199,15 +204,53 @@ def _check_dataset_ref(ctx: Context, owner: str, ds: str | LocalPath, field: str
         "the id of a dataset you uploaded", field, code="unknown_dataset")
 
 
-def check_spec(ctx: Context, spec_doc: dict[str, Any]) -> None:
+class _PendingChecks:
+    """Spec checks each key has waiting in this gateway process. The checks workers take
+    checks in arrival order; without a cap, one key sending many slow specs at once would put
+    them all ahead of another key's, and that key's check would wait out the timeout."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count: dict[str, int] = {}
+
+    @contextmanager
+    def slot(self, owner: str, limit: int, retry_after: int) -> Iterator[None]:
+        with self._lock:
+            pending = self._count.get(owner, 0)
+            if pending >= limit:
+                raise DomainError(
+                    "too_many_checks",
+                    f"your key has {pending} spec checks pending and the limit is {limit}: "
+                    "wait for your other submissions to be answered, then retry",
+                    {"pending": pending, "limit": limit}, retry_after=retry_after)
+            self._count[owner] = pending + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._count[owner] - 1
+                if left:
+                    self._count[owner] = left
+                else:
+                    del self._count[owner]
+
+
+PENDING_CHECKS = _PendingChecks()
+
+
+def check_spec(ctx: Context, owner: str, spec_doc: dict[str, Any]) -> Estimate | None:
     """The submission-time spec check: a check worker tries the spec without running it
-    (architecture, kwargs, weights against the checkpoint's header, stitch points), so a spec
-    that cannot work is refused now, not after the job waited in the queue. Without an answer
+    (architecture, kwargs, weights against the checkpoint's header, stitch points, activation
+    memory, the job's work units), so a spec that cannot work is refused now, not after the
+    job waited in the queue; a spec that can is answered with its estimate. Without an answer
     in time the submission is refused with 503 and Retry-After: one key's slow specs must not
     let another key's broken spec through to a GPU worker unchecked. Only an operator who
-    switched checks off (STITCHSIM_CHECK_TIMEOUT_S=0) queues specs unchecked."""
+    switched checks off (STITCHSIM_CHECK_TIMEOUT_S=0) queues specs unchecked (no estimate)."""
     assert ctx.queue is not None
-    outcome = ctx.queue.check_spec(spec_doc, ctx.settings.check_timeout_s)
+    settings = ctx.settings
+    with PENDING_CHECKS.slot(owner, settings.max_pending_checks_per_key,
+                             settings.check_retry_after_s):
+        outcome = ctx.queue.check_spec(spec_doc, settings.check_timeout_s)
     if outcome.error is not None:
         err = outcome.error
         code = str(err.get("code") or "invalid_spec")
@@ -221,7 +264,14 @@ def check_spec(ctx: Context, spec_doc: dict[str, Any]) -> None:
         raise DomainError("spec_check_busy",
                           f"the spec could not be checked now ({outcome.note}); the job was not "
                           "queued: retry after the time Retry-After gives",
-                          {"check_timeout_s": ctx.settings.check_timeout_s},
-                          retry_after=ctx.settings.check_retry_after_s)
+                          {"check_timeout_s": settings.check_timeout_s},
+                          retry_after=settings.check_retry_after_s)
     if not outcome.checked:
         log.info("job accepted unchecked: %s", outcome.note)
+    if outcome.estimate is None:
+        return None
+    try:
+        return Estimate.model_validate(outcome.estimate)
+    except ValidationError:
+        log.warning("the spec check answered an unreadable estimate %r", outcome.estimate)
+        return None

@@ -113,7 +113,8 @@ def test_storage_quota(quota_service: ServiceHandle, ckpts: Any) -> None:
         b = upload(c, ckpts.digits_resnet_b)
         assert c.get("/usage").json() == {
             "active_jobs": 0, "max_active_jobs": QUOTA,
-            "stored_bytes": limit - 100, "max_stored_bytes": limit}
+            "stored_bytes": limit - 100, "max_stored_bytes": limit,
+            "active_units": 0, "max_active_units": 3_000_000}
         # Uploading what the key already has costs nothing.
         assert upload(c, ckpts.digits_resnet) == a
 

@@ -1,7 +1,8 @@
 """Clear refusals at submission, through the gateway and the checks worker: images smaller than
 a model can use (1x1), a device the workers do not have (`cuda:99`), and a job above the
-per-job compute budget (every range at its top). Each is a 422 with its
-own code and what to change, and no job is created."""
+per-job compute budget (every range at its top; the message gives the estimate in seconds),
+and a batch whose activations would not fit the activation limit (huge inputs). Each is a 422
+with its own code and what to change, and no job is created."""
 
 from __future__ import annotations
 
@@ -61,3 +62,18 @@ def test_a_job_above_the_compute_budget_is_refused(live_service, pair) -> None: 
     shrink = " ".join(err["details"]["shrink"])
     for field in ("train.epochs", "train.seeds", "train.batch_size", "iri.steps"):
         assert field in shrink and field in err["message"], (field, err)
+    est = err["details"]["estimate"]
+    assert est["units"] == err["details"]["units"] and est["seconds"] > 0, err
+    assert f"about {est['seconds']:,.0f} s of worker time" in err["message"], err
+
+
+def test_activations_above_the_limit_are_refused(live_service, pair) -> None:  # type: ignore[no-untyped-def]
+    resnet, _ = pair
+    # 1024 px inputs: the stem's output alone is 32 x 512 x 512 values a sample, 8 GiB a batch.
+    err = _refusal(live_service, tiny_spec({"checkpoint": resnet, "input_size": 1024},
+                                           {"checkpoint": resnet}))
+    assert err["code"] == "job_too_large", err
+    d = err["details"]
+    assert d["activation_bytes"] > d["limit"] == 4 * 1024**3, err
+    assert d["activation_bytes"] == 32 * 512 * 512 * 256 * 4, err
+    assert d["batch"] == 256 and "STITCHSIM_MAX_ACTIVATION_BYTES" in err["message"], err

@@ -72,3 +72,19 @@ def test_the_budget_counts_what_the_plan_counts(ckpts, tmp_path, model: str) -> 
     # pair, plus a few evaluation batches.
     pairs = err.details["stitch_pairs"]
     assert pairs >= 2 and 400 * pairs <= err.details["units"] < 500 * pairs, err.details
+
+
+def test_the_estimate_counts_iris_at_their_cap_and_expects_less(ckpts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from stitchsim_worker.engine import Resources, check_spec
+
+    path = {"path": str(ckpts.digits_resnet)}
+    std = Spec.model_validate(tiny_spec({"checkpoint": path}, {"checkpoint": path}))
+    ia = std.model_copy(update={"protocols": ["standard", "invariance_aware"]})
+    a = check_spec(std, resources=Resources(cache_dir=tmp_path))
+    b = check_spec(ia, resources=Resources(cache_dir=tmp_path))
+    assert a.expected_units == a.units
+    # IRIs: 5 steps, 2 extra rounds: a cap of 5 + 10 + 20 steps of 3 units for the one batch
+    # of 200 training samples, expected at 40 % of it.
+    iri_cap = 3 * 35
+    assert b.units - a.units >= iri_cap, (a, b)
+    assert b.units - b.expected_units == iri_cap - round(0.4 * iri_cap), (a, b)

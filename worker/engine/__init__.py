@@ -2,7 +2,7 @@
 
 Public surface:
     run_job(spec, resources=..., progress=..., should_cancel=..., job_id=...) -> Report
-    check_spec(spec, resources=...) -> None   (raises SpecError; meta device, no weights)
+    check_spec(spec, resources=...) -> Checked (raises SpecError; meta device, no weights)
     list_stitch_points(arch, arch_kwargs) -> list[str]
 """
 

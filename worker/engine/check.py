@@ -9,22 +9,40 @@ job for real once; the check's work costs a fraction of a second per model.
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 from stitchsim.models import Spec
+from stitchsim_worker.engine.context import EVAL_BATCH
 from stitchsim_worker.engine.data import Dataset, load_dataset
 from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.models import LoadedModel, meta_model
-from stitchsim_worker.engine.network import Network
-from stitchsim_worker.engine.plan import job_units, what_to_shrink
+from stitchsim_worker.engine.network import EXAMPLE_BATCH, Network
+from stitchsim_worker.engine.plan import job_plan, what_to_shrink
 from stitchsim_worker.engine.preparation import (
     check_classes,
     check_protocols,
     pair_points_of,
 )
+from stitchsim_worker.engine.progress import Plan
 from stitchsim_worker.engine.resources import Resources
 
 META = torch.device("meta")
+FLOAT_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the check counted for a spec that can run: its cost before it is queued."""
+
+    units: int
+    """The job's work units, as its progress plan counts them (IRIs at their cap): the budget."""
+    expected_units: int
+    """The units it is expected to take (IRIs at their expected share of the cap)."""
+    activation_bytes: int
+    """One batch's activation at the largest module output of either model."""
 
 
 def _check_size(model: LoadedModel, where: str, limit: int | None) -> None:
@@ -48,8 +66,8 @@ def _network(spec: Spec, where: str, resources: Resources, data: Dataset) -> Net
     return Network(model, data.image_size, META, where)
 
 
-def check_spec(spec: Spec, *, resources: Resources) -> None:
-    """Raises SpecError with what to fix; returns when the job can be prepared."""
+def check_spec(spec: Spec, *, resources: Resources) -> Checked:
+    """Raises SpecError with what to fix; returns the job's cost when it can be prepared."""
     pick_device(spec.device)  # checks workers run beside the job workers, on hosts alike
     data = load_dataset(spec.dataset, resources, spec.train)
     front_data = None
@@ -58,23 +76,54 @@ def check_spec(spec: Spec, *, resources: Resources) -> None:
     check_protocols(spec, data, front_data)
     front = _network(spec, "front", resources, front_data or data)
     back = _network(spec, "back", resources, data)
+    activation = _check_activations(spec, (front, back), resources.max_activation_bytes)
     pairs = pair_points_of(spec, front, back)
     if not pairs:
         raise SpecError("no stitch points could be paired between the two models",
                         code="unknown_layer")
-    _check_budget(spec, len(data.train), len(data.test), len(pairs), resources.max_job_units)
+    plan = _check_budget(spec, len(data.train), len(data.test), len(pairs),
+                         resources.max_job_units)
+    return Checked(units=plan.units, expected_units=plan.expected, activation_bytes=activation)
 
 
-def _check_budget(spec: Spec, n_tr: int, n_te: int, n_pairs: int, limit: int | None) -> None:
+def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | None) -> int:
+    """One batch's activation at the largest module output, from the meta forward's shapes:
+    a spec asking for huge inputs (input_size, img_size) or feature maps is refused before
+    any worker allocates a batch of them."""
+    batch = max(EVAL_BATCH, spec.train.batch_size,
+                spec.iri.batch_size if "invariance_aware" in spec.protocols else 0)
+    worst, where = 0, ""
+    for net in nets:
+        for name, t in net.traces.items():
+            per_sample = math.prod(t.shape) * max(1, t.batch // EXAMPLE_BATCH)
+            if per_sample > worst:
+                worst, where = per_sample, f"{net.where} {name}"
+    need = worst * batch * FLOAT_BYTES
+    if limit is not None and need > limit:
+        raise SpecError(
+            f"a batch of {batch} at {where} ({worst:,} values a sample) needs {need:,} bytes "
+            f"of activation memory, more than the {limit:,} this service allows "
+            "(STITCHSIM_MAX_ACTIVATION_BYTES); use smaller inputs (input_size, img_size) or "
+            "smaller batch sizes (train.batch_size, iri.batch_size)",
+            code="job_too_large",
+            details={"activation_bytes": need, "limit": limit, "batch": batch,
+                     "at": where, "shrink": ["input_size / arch_kwargs.img_size",
+                                             "train.batch_size", "iri.batch_size"]})
+    return need
+
+
+def _check_budget(spec: Spec, n_tr: int, n_te: int, n_pairs: int, limit: int | None) -> Plan:
     """The job's work, counted as its progress plan will count it, against the per-job limit."""
-    units = job_units(spec, n_tr, n_te, n_pairs)
+    plan = job_plan(spec, n_tr, n_te, n_pairs)
+    units = plan.units
     if limit is None or units <= limit:
-        return
+        return plan
     shrink = what_to_shrink(spec, n_pairs)
     raise SpecError(
         f"the job would take {units:,} work units (about one batch through a network part "
         f"each), more than the {limit:,} this service allows per job (STITCHSIM_MAX_JOB_UNITS); "
         f"shrink {', '.join(shrink[:4]) or 'the dataset or the stitch points'}",
         code="job_too_large",
-        details={"units": units, "limit": limit, "shrink": shrink,
+        details={"units": units, "expected_units": plan.expected, "limit": limit,
+                 "shrink": shrink,
                  "n_train": n_tr, "n_test": n_te, "stitch_pairs": n_pairs})

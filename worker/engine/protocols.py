@@ -73,8 +73,15 @@ register_protocol(ProtocolEntry(
 # ---------------------------------------------------------------- invariance-aware
 
 
+IRI_STEP_UNITS = 3
+"""A step is a forward and a backward of the front part on an IRI batch: about three units."""
+
+
 def iri_units(spec: Spec, n: int) -> int:
-    return spec.iri.steps * math.ceil(n / spec.iri.batch_size)
+    """Planned at the cap (every extra round run): the progress span gives back what the
+    batches did not need when they stop, so the bar never waits at 100 % in an extra round."""
+    steps = sum(iri.round_lengths(spec.iri))
+    return IRI_STEP_UNITS * steps * math.ceil(n / spec.iri.batch_size)
 
 
 def _iris(ctx: JobContext, cut: Cut, inputs: InputSet) -> iri.IRIResult:
@@ -87,13 +94,13 @@ def _iris(ctx: JobContext, cut: Cut, inputs: InputSet) -> iri.IRIResult:
         ctx.check_cancel()
         ctx.tracker.step()
 
-    result = iri.get_iris(
-        key=key, cache=ctx.iri_cache, front=cut.f.front(cut.i), pixels=inputs.pixels,
-        settings=settings, banks=ctx.banks, device=ctx.device, on_batch=on_batch,
-    )
+    # A cache hit takes no steps: the span gives its units back at once.
+    with ctx.tracker.span(iri_units(ctx.spec, inputs.pixels.n), weight=IRI_STEP_UNITS):
+        result = iri.get_iris(
+            key=key, cache=ctx.iri_cache, front=cut.f.front(cut.i), pixels=inputs.pixels,
+            settings=settings, banks=ctx.banks, device=ctx.device, on_batch=on_batch,
+        )
     stats = result.stats
-    if stats.cache_hit:
-        ctx.tracker.step(iri_units(ctx.spec, inputs.pixels.n))
     if not stats.converged:
         ctx.warnings.append(
             f"IRIs of the {cut.f.where} model at {cut.i} did not converge: median relative "

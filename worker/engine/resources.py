@@ -34,6 +34,8 @@ class Resources:
     """Parameters a model may have (None: no limit, as in `stitchsim-server run`)."""
     max_job_units: int | None = None
     """Work units (plan.py) a job may take (None: no limit)."""
+    max_activation_bytes: int | None = None
+    """One batch's activation at a model's largest module output (None: no limit)."""
 
     def checkpoint(self, ref: str | LocalPath) -> tuple[Path, str]:
         """Local file and the content id it is reported under."""

@@ -1,0 +1,63 @@
+"""The progress plan covers IRI extra rounds: planned at their cap, steps beyond a span's plan
+grow it, and what a span did not need leaves the plan, so the bar never stands at 100 % while
+the job still runs and never passes it; the ETA's rate counts only work done.
+
+A real job (in-process, IRIs with extra rounds and early stopping) and the tracker's
+arithmetic on its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from stitchsim.models import Spec
+from stitchsim_worker.engine.iri import round_lengths
+from stitchsim_worker.engine.progress import Plan, Tracker
+
+from tests.service.conftest import tiny_spec
+
+
+def test_spans_give_back_unused_work_and_grow_past_their_plan() -> None:
+    seen: list[tuple[int, int]] = []
+    t = Tracker(lambda _s, done, total: seen.append((done, total)), None)
+    # 40 fixed units and two IRI spans capped at 30 each, expected to take a quarter of it.
+    t.plan(Plan(units=100, elastic=60, expect=0.25))
+    assert (t.done, t.total) == (0, 40 + 15)
+    with t.span(30, weight=3):
+        for _ in range(5):  # 15 units, past the 7.5 expected: the total grows with them
+            t.step()
+            assert t.done < t.total
+    # Half the cap used; with the plan's guess as one more span, (8 + 15) / 60 of the next
+    # span's cap is expected: 12 units.
+    assert (t.done, t.total) == (15, 15 + 40 + 12)
+    for _ in range(10):
+        t.step()
+    with t.span(30, weight=3):  # a cache hit: nothing used, nothing learnt
+        pass
+    assert (t.done, t.total) == (25, 25 + 30)
+    t.finish()
+    assert seen[-1] == (25, 25)
+    assert all(d <= tot for d, tot in seen)
+
+
+def test_iri_extra_rounds_move_the_bar_to_the_end(ckpts: Any, tmp_path: Path) -> None:
+    from stitchsim_worker.engine import Resources, run_job
+
+    path = {"checkpoint": {"path": str(ckpts.digits_resnet)}}
+    # Distances never fall below 1e-6: every batch runs all its extra rounds.
+    iri = {"steps": 4, "cycle_steps": 4, "extra_rounds": 2, "stop_below": None,
+           "converged_below": 1e-6, "batch_size": 64}
+    spec = Spec.model_validate(tiny_spec(path, path, protocols=["invariance_aware"], iri=iri,
+                                         train={"epochs": 1, "max_train_samples": 128,
+                                                "max_test_samples": 64, "seed": 0}))
+    assert sum(round_lengths(spec.iri)) == 4 + 8 + 16
+    calls: list[tuple[str, int, int]] = []
+    report = run_job(spec, resources=Resources(cache_dir=tmp_path),
+                     progress=lambda stage, done, total: calls.append((stage, done, total)))
+    assert report.results
+    iri_calls = [(d, t) for s, d, t in calls if s.startswith("iri")]
+    assert iri_calls and all(d < t for d, t in iri_calls), iri_calls
+    assert all(d <= t for _, d, t in calls)
+    # Only the end stands at 100 %.
+    assert [s for s, d, t in calls if t and d == t] == ["done"], calls[-5:]
