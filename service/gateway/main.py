@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 import stitchsim
 from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 from stitchsim.models import ErrorBody
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.keys import REDACT_KEYS
@@ -28,6 +29,19 @@ from stitchsim_service.gateway.routers import (
 )
 
 log = logging.getLogger("stitchsim.service")
+
+
+class GatewayApp(FastAPI):
+    """The FastAPI app, with status polls answered before its middleware stack when they
+    can be (jobs.StatusPolls: a poll is most of the traffic, the stack most of its cost)."""
+
+    _polls = jobs.StatusPolls()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and await self._polls.answer(
+                getattr(self.state, "ctx", None), scope, send):
+            return
+        await super().__call__(scope, receive, send)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -55,7 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             reaper.stop()
 
-    app = FastAPI(
+    app = GatewayApp(
         title="stitchsim",
         version=stitchsim.__version__,
         description="Functional similarity of neural networks, as a service: stitch one "
