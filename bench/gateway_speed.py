@@ -413,6 +413,53 @@ def run_variant(name: str, pythonpath: Path | None, work: Path, port: int,
     return res
 
 
+_FLOOR_APP = """
+BODY = b'{"id": "x"}' * 150  # about a status body's size
+
+
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            await send({"type": m["type"] + ".complete"})
+            if m["type"] == "lifespan.shutdown":
+                return
+    await send({"type": "http.response.start", "status": 200, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", b"%d" % len(BODY))]})
+    await send({"type": "http.response.body", "body": BODY})
+"""
+
+
+def run_floor(work: Path, port: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The same loads against a bare ASGI app on uvicorn (httptools, uvloop, no access log):
+    what one request costs on this machine before any code of ours runs."""
+    d = work / "floor"
+    d.mkdir()
+    (d / "floor_app.py").write_text(_FLOOR_APP)
+    gw = Gateway("uvicorn floor", port, d, dict(os.environ))
+    log = open(d / "serve.log", "ab")  # noqa: SIM115 (closed with the process)
+    gw.proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "floor_app:app", "--port",
+                                str(port), "--http", "httptools", "--loop", "uvloop",
+                                "--no-access-log", "--log-level", "warning"], cwd=d,
+                               stdout=log, stderr=log, start_new_session=True)
+    log.close()
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(gw.url + "/", timeout=2).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise RuntimeError(gw.log())
+            time.sleep(0.2)
+        gw.job_id, gw.key = "0" * 32, "none"
+        return {"name": gw.name, "open": _run(_open_loop(gw, args.clients, args.rate,
+                                                          args.seconds)),
+                "sat": _run(_closed_loop(gw, args.sat_conns, args.sat_seconds))}
+    finally:
+        gw.stop()
+
+
 def _poll_line(label: str, f: PollFigures) -> str:
     return (f"{label}: p50 {f.q(50):.1f} ms, p99 {f.q(99):.1f} ms, max {max(f.lat_ms):.1f} ms, "
             f"{f.requests / f.seconds:.0f} req/s, gateway CPU {f.cpu_ms_per_req:.3f} ms/poll "
@@ -433,6 +480,8 @@ def main() -> int:
     ap.add_argument("--gateway-workers", type=int, default=2,
                     help="also run 'after' with this many gateway processes (1: skip)")
     ap.add_argument("--port-base", type=int, default=8700)
+    ap.add_argument("--no-floor", dest="floor", action="store_false",
+                    help="skip the bare-uvicorn context figures")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -445,6 +494,7 @@ def main() -> int:
             results.append(run_variant(f"before ({args.baseline})", farm, work,
                                        args.port_base, args))
         results.append(run_variant("after (this tree)", None, work, args.port_base + 10, args))
+        floor = run_floor(work, args.port_base + 20, args) if args.floor else None
 
     print(f"\n== gateway speed: {args.clients} clients x {args.rate:g} polls/s open loop, "
           f"{args.seconds:g} s; saturation {args.sat_conns} connections, {args.sat_seconds:g} s; "
@@ -487,6 +537,12 @@ def main() -> int:
             print("    " + _poll_line("open loop ", m))
             print("    " + _poll_line("saturation", ms) + f"; per process "
                   f"{ms.requests / ms.seconds / args.gateway_workers:.0f} req/s")
+    if floor is not None:
+        print(f"-- context: {floor['name']} (a bare ASGI app, no code of ours)")
+        print("  " + _poll_line("open loop ", floor["open"]))
+        fs = floor["sat"]
+        print("  " + _poll_line("saturation", fs)
+              + f"; one busy process: {1000 / fs.cpu_ms_per_req:.0f} req/s")
     if args.json:
         args.json.write_text(json.dumps(results, default=lambda o: {
             k: v for k, v in o.__dict__.items() if k != "lat_ms"}, indent=2))
