@@ -328,7 +328,8 @@ def _peak_rss_mb(gw: Gateway) -> float:
     return total
 
 
-def bench_upload(gw: Gateway, work: Path, size_mb: int, salt: int) -> dict[str, float]:
+def bench_upload(gw: Gateway, work: Path, size_mb: int, salt: int, path: str = "/checkpoints",
+                 expect: str = "201") -> dict[str, float]:
     src = work / f"up-{salt}.safetensors"
     size = make_big_checkpoint(src, size_mb, salt=salt)
     with open(src, "rb") as fh:  # in the page cache, for the copy and the upload alike
@@ -353,19 +354,24 @@ def bench_upload(gw: Gateway, work: Path, size_mb: int, salt: int) -> dict[str, 
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+    cpu0 = gw.cpu_s()
     t = time.perf_counter()
     out = subprocess.run(
         ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "-T", str(src),
          "-H", "content-type: application/octet-stream", "-H", "Expect:",
-         "-H", f"Authorization: Bearer {gw.key}", gw.url + "/checkpoints"],
+         "-H", f"Authorization: Bearer {gw.key}", gw.url + path],
         capture_output=True, text=True, timeout=600)
     secs = time.perf_counter() - t
+    user, system = _cpu_delta(cpu0, gw.cpu_s())
     done = True
     sampler.join()
-    assert out.stdout == "201", (out.stdout, out.stderr, gw.log())
+    assert out.stdout == expect, (out.stdout, out.stderr, gw.log())
     src.unlink()
     return {"upload_mb_s": size / secs / 1e6, "copy_mb_s": size / copy_s / 1e6,
-            "vs_copy": copy_s / secs, "rss_growth_mb": peak[0] - rss0}
+            "vs_copy": copy_s / secs, "rss_growth_mb": peak[0] - rss0,
+            # Gateway CPU seconds per GB received: user (Python, SHA-256) and kernel
+            # (loopback receive, page-cache writes).
+            "user_s_per_gb": user / size * 1e9, "sys_s_per_gb": system / size * 1e9}
 
 
 # ---------------------------------------------------------------- the run
@@ -424,6 +430,9 @@ async def app(scope, receive, send):
             await send({"type": m["type"] + ".complete"})
             if m["type"] == "lifespan.shutdown":
                 return
+    more = scope["method"] == "POST"
+    while more:  # an upload: received and dropped, the receive path's own cost
+        more = (await receive()).get("more_body", False)
     await send({"type": "http.response.start", "status": 200, "headers": [
         (b"content-type", b"application/json"), (b"content-length", b"%d" % len(BODY))]})
     await send({"type": "http.response.body", "body": BODY})
@@ -453,9 +462,13 @@ def run_floor(work: Path, port: int, args: argparse.Namespace) -> dict[str, Any]
                 raise RuntimeError(gw.log())
             time.sleep(0.2)
         gw.job_id, gw.key = "0" * 32, "none"
-        return {"name": gw.name, "open": _run(_open_loop(gw, args.clients, args.rate,
-                                                          args.seconds)),
-                "sat": _run(_closed_loop(gw, args.sat_conns, args.sat_seconds))}
+        out = {"name": gw.name, "open": _run(_open_loop(gw, args.clients, args.rate,
+                                                         args.seconds)),
+               "sat": _run(_closed_loop(gw, args.sat_conns, args.sat_seconds))}
+        if args.size_mb:
+            out["upload"] = bench_upload(gw, work, args.size_mb, salt=7, path="/",
+                                         expect="200")
+        return out
     finally:
         gw.stop()
 
@@ -524,7 +537,13 @@ def main() -> int:
             u = r["upload"]
             print(f"  {r['name']:24s} x{u['upload_mb_s'] / copy:.2f}  ({u['upload_mb_s']:.0f} "
                   f"MB/s; against the copy just before each: x{u['vs_copy']:.2f}; gateway RSS "
-                  f"+{u['rss_growth_mb']:.0f} MB)")
+                  f"+{u['rss_growth_mb']:.0f} MB; gateway CPU per GB: user "
+                  f"{u['user_s_per_gb']:.2f} s, kernel {u['sys_s_per_gb']:.2f} s)")
+        if floor is not None and "upload" in floor:
+            u = floor["upload"]
+            print(f"  {'context: ' + floor['name']:24s} x{u['upload_mb_s'] / copy:.2f}  "
+                  f"({u['upload_mb_s']:.0f} MB/s, body received and dropped; CPU per GB: "
+                  f"user {u['user_s_per_gb']:.2f} s, kernel {u['sys_s_per_gb']:.2f} s)")
     for r in results:
         print(f"-- {r['name']}")
         print("  " + _poll_line("open loop ", r["open"]))
