@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 from stitchsim.models import JobStatus
 
 from tests.fixtures_service import ServiceFactory, ServiceHandle, _children, cli_command
@@ -37,8 +38,13 @@ def _poll_count(svc: ServiceHandle) -> float:
     return float(m.group(1)) if m else 0.0
 
 
-def test_fast_path_answers_as_the_route(service_factory: ServiceFactory, ckpts: Any) -> None:
-    svc = service_factory.embedded(extra_env=ENV, workers=False)
+@pytest.mark.parametrize("mode", ["embedded", "redis"])
+def test_fast_path_answers_as_the_route(mode: str, service_factory: ServiceFactory,
+                                        ckpts: Any) -> None:
+    # redis: the job table in PostgreSQL where it answers, so the lookup is a pooled Core read
+    # in a thread rather than SQLite's on the loop.
+    svc = (service_factory.embedded(extra_env=ENV, workers=False) if mode == "embedded"
+           else service_factory.redis(keys=False, extra_env=ENV, workers=False))
     alice, bob = svc.create_key("alice"), svc.create_key("bob")
     job = _job(svc, alice, ckpts)
     before = _poll_count(svc)

@@ -14,7 +14,6 @@ from starlette.types import Scope, Send
 from stitchsim.models import ErrorBody, JobList, JobState, JobStatus, Report
 from stitchsim_service.core import jobs
 from stitchsim_service.core.context import Context
-from stitchsim_service.core.errors import NotFoundError
 from stitchsim_service.core.metrics import LATENCY, REQUESTS
 from stitchsim_service.core.store import is_job_id
 from stitchsim_service.gateway.deps import cached_owner, get_ctx, get_owner
@@ -45,10 +44,9 @@ def list_jobs(
 async def get_job(job_id: str, ctx: Context = Depends(get_ctx),
                   owner: str = Depends(get_owner)) -> Response:
     # Most polls are answered by StatusPolls before they get here; this is the path for
-    # the rest (a key not seen lately, a busy table, errors), with the same body.
-    row = await to_thread.run_sync(jobs.find_job, ctx, owner, job_id)
-    if row is None:
-        raise NotFoundError("job", job_id)
+    # the rest (a key not seen lately, a busy table, errors), with the same body. A session
+    # read, which waits for a busy table where the fast path's lookup does not.
+    row = await to_thread.run_sync(jobs.get_job, ctx, owner, job_id)
     return Response(jobs.status_json(row), media_type=_JSON)
 
 
