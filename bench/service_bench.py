@@ -4,6 +4,10 @@ under 50 concurrent pollers.
 
     python bench/service_bench.py [--size-mb 500] [--pollers 50] [--modes embedded,redis]
 
+Its polls are a closed loop (each poller sends again as soon as answered), so under 50 pollers
+p99 measures one process's saturation; bench/gateway_speed.py measures polls as an open loop
+(fixed arrival rate), uploads against a copy, and main's code beside this tree's.
+
 Starts real services (as the tests do: `stitchsim-server serve`, or a gateway plus Celery
 workers on the Redis at 127.0.0.1:6379) in a temp dir, prints figures and ratios, and
 optionally writes them as JSON. Loopback only; every loop is bounded.

@@ -23,7 +23,8 @@ def _apply_env(args: argparse.Namespace) -> None:
     for flag, var in (("data_dir", "STITCHSIM_DATA_DIR"), ("host", "STITCHSIM_HOST"),
                       ("port", "STITCHSIM_PORT"), ("redis_url", "STITCHSIM_REDIS_URL"),
                       ("database_url", "STITCHSIM_DATABASE_URL"),
-                      ("store_url", "STITCHSIM_STORE_URL")):
+                      ("store_url", "STITCHSIM_STORE_URL"),
+                      ("gateway_workers", "STITCHSIM_GATEWAY_WORKERS")):
         value = getattr(args, flag, None)
         if value is not None:
             os.environ[var] = str(Path(value).resolve()) if flag == "data_dir" else str(value)
@@ -52,9 +53,11 @@ uvicorn could start several processes of it."""
 def _run_gateway(host: str, port: int, log_level: str) -> None:
     import uvicorn
 
-    _settings()  # flags and environment are applied: the app reads the same settings
+    settings = _settings()  # flags and environment are applied: the app reads the same
+    # Several processes (uvicorn's workers) share the port; the job table is all they share.
+    workers = settings.gateway_workers if settings.gateway_workers > 1 else None
     uvicorn.run(GATEWAY_APP, factory=True, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=10, http=GATEWAY_PROTOCOL)
+                timeout_graceful_shutdown=10, http=GATEWAY_PROTOCOL, workers=workers)
 
 
 # ---------------------------------------------------------------- serve
@@ -316,6 +319,10 @@ def _common(p: argparse.ArgumentParser) -> None:
                    choices=["debug", "info", "warning", "error", "critical"])
 
 
+_GATEWAY_WORKERS_HELP = ("gateway processes on the one port (STITCHSIM_GATEWAY_WORKERS, "
+                         "default 1); see docs/deploy.md")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stitchsim-server",
@@ -330,12 +337,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, help="port (STITCHSIM_PORT, default 8000)")
     p.add_argument("--workers", type=int, default=1,
                    help="concurrent jobs (one per GPU); 0 = gateway only")
+    p.add_argument("--gateway-workers", type=int, help=_GATEWAY_WORKERS_HELP)
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("gateway", help="the HTTP gateway alone (workers run elsewhere)")
     _common(p)
     p.add_argument("--host")
     p.add_argument("--port", type=int)
+    p.add_argument("--gateway-workers", type=int, help=_GATEWAY_WORKERS_HELP)
     p.set_defaults(func=cmd_gateway)
 
     p = sub.add_parser("worker", help="a Celery worker (Redis deployments: run one per GPU)")

@@ -6,8 +6,10 @@ The job table is the source of truth about jobs: Celery carries work, not state.
 from __future__ import annotations
 
 import os
+import sqlite3
 import threading
 import time
+from collections import namedtuple
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -22,10 +24,13 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Table,
     Text,
     UniqueConstraint,
+    bindparam,
     create_engine,
     event,
+    select,
     text,
 )
 from sqlalchemy.engine import Engine, make_url
@@ -183,6 +188,8 @@ class Database:
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
         self.pid = os.getpid()
+        self._sqlite_path = parsed.database if self.is_sqlite else None
+        self._lookups = threading.local()
 
     def create_schema(self) -> None:
         # Several processes start at once (gateway, workers): a lost race to create a table is
@@ -206,6 +213,38 @@ class Database:
     def write(self) -> Iterator[Session]:
         with self._write() as session, session.begin():
             yield session
+
+    @property
+    def nonblocking_lookups(self) -> bool:
+        """Whether lookup() may run on an event loop: SQLite in WAL mode, where a read never
+        waits for a writer (and is told so at once in the rare cases it would)."""
+        return bool(self._sqlite_path) and self._sqlite_path != ":memory:"
+
+    def lookup(self, table: Table, key: str) -> Any:
+        """The row of table whose one-column primary key is key, with every column as
+        SQLAlchemy's types convert it (attribute access like an ORM row), or None.
+
+        The hottest read (status polls): no ORM session, no identity map, no pool checkout.
+        On SQLite a raw connection per thread in autocommit mode, so each lookup is its own
+        snapshot (sees every commit of any process: nothing stale to expire) and holds no
+        transaction between calls; busy_timeout 0, so on an event loop a lookup never waits
+        (sqlite3.OperationalError instead, for the caller to retry the threaded way).
+        Elsewhere a Core select on a pooled connection."""
+        if not self.nonblocking_lookups:
+            with self.engine.connect() as conn:
+                return conn.execute(_pk_select(table), {"key": key}).first()
+        conn = getattr(self._lookups, "conn", None)
+        if conn is None or self._lookups.pid != os.getpid():
+            # timeout 0: busy_timeout 0. Only SELECTs run on it.
+            conn = sqlite3.connect(self._sqlite_path, timeout=0, isolation_level=None,
+                                   check_same_thread=False)
+            self._lookups.conn, self._lookups.pid = conn, os.getpid()
+        sql, convert, row_type = _raw_pk_select(table, self.engine.dialect)
+        raw = conn.execute(sql, (key,)).fetchone()
+        if raw is None:
+            return None
+        return row_type(*[f(v) if f is not None and v is not None else v
+                          for f, v in zip(convert, raw, strict=True)])
 
     def ping(self) -> None:
         with self.engine.connect() as conn:
@@ -249,6 +288,34 @@ def _sqlite_pragmas(engine: Engine) -> None:
     def _begin(conn: Any) -> None:
         mode = conn.get_execution_options().get("sqlite_begin", "")
         conn.exec_driver_sql(f"BEGIN {mode}".strip())
+
+
+_pk_selects: dict[str, Any] = {}
+_raw_pk_selects: dict[str, tuple[str, list[Any], Any]] = {}
+
+
+def _pk_select(table: Table) -> Any:
+    stmt = _pk_selects.get(table.name)
+    if stmt is None:
+        (pk,) = table.primary_key.columns
+        stmt = _pk_selects[table.name] = select(table).where(pk == bindparam("key"))
+    return stmt
+
+
+def _raw_pk_select(table: Table, dialect: Any) -> tuple[str, list[Any], Any]:
+    """SQL, per-column converters and a row type for a raw primary-key lookup, all from the
+    table's own definition (a column added to the table is read and converted too)."""
+    hit = _raw_pk_selects.get(table.name)
+    if hit is None:
+        (pk,) = table.primary_key.columns
+        names = [c.name for c in table.columns]
+        quoted = ", ".join(f'"{n}"' for n in names)
+        sql = f'SELECT {quoted} FROM "{table.name}" WHERE "{pk.name}" = ?'
+        convert = [c.type.dialect_impl(dialect).result_processor(dialect, None)
+                   for c in table.columns]
+        row_type = namedtuple(f"{table.name}_row", names)  # type: ignore[misc]
+        hit = _raw_pk_selects[table.name] = (sql, convert, row_type)
+    return hit
 
 
 def advisory_lock(session: Session, name: str) -> None:

@@ -148,6 +148,18 @@ def get_job(ctx: Context, owner: str, job_id: str) -> JobRow:
     return row
 
 
+def find_job(ctx: Context, owner: str, job_id: str) -> Any:
+    """get_job for reads that only look (status polls): a light row with JobRow's columns
+    as attributes, or None where get_job raises not_found. On SQLite it never waits, so it
+    may run on the event loop (sqlite3.OperationalError when the table is busy)."""
+    if not is_job_id(job_id):
+        return None
+    row = ctx.db.lookup(JobRow.__table__, job_id)  # type: ignore[arg-type]
+    if row is None or row.owner != owner:
+        return None
+    return row
+
+
 def report_bytes(ctx: Context, row: JobRow) -> bytes:
     """The stored report of a succeeded job, as the worker wrote it."""
     if row.state != "succeeded":

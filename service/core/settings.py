@@ -112,6 +112,9 @@ class Settings(BaseSettings):
     min_body_rate_bytes_s: int = Field(
         default=16 * 1024, ge=0, description="once body_read_timeout_s has passed, a body must "
         "have arrived at this average rate (408 below): a byte every few seconds is refused")
+    gateway_workers: int = Field(
+        default=1, ge=1, le=64, description="gateway processes serving the one port "
+        "(uvicorn workers); they share only the job table and the store")
     max_connections: int = Field(
         default=500, ge=1, description="open connections per gateway process; beyond, new "
         "ones get 503 with Retry-After and are closed")

@@ -28,8 +28,12 @@ async def get_settings(ctx: Context = Depends(get_ctx)) -> Settings:
 
 
 class _KeyCache:
-    """Recent key → owner lookups, so a poller does not cost a table read per request. Short
-    lived, so a revoked key stops working within KEY_CACHE_S."""
+    """Recent key → owner lookups, so a poller does not cost a table read per request.
+
+    Per gateway process, and the one per-process cache on the request path: with several
+    gateway processes each holds its own, so a revoked key stops working in every process
+    within TTL_S (bounded staleness, documented in docs/deploy.md); a new key works at once
+    (unknown keys are looked up, their answer cached only for TTL_S too)."""
 
     TTL_S = 5.0
 
@@ -38,8 +42,8 @@ class _KeyCache:
         self._items: dict[str, tuple[float, str | None]] = {}
 
     def get(self, key: str) -> tuple[bool, str | None]:
-        with self._lock:
-            hit = self._items.get(key)
+        # A dict read is atomic under the GIL: no lock on the hot path.
+        hit = self._items.get(key)
         if hit is None or time.monotonic() - hit[0] > self.TTL_S:
             return False, None
         return True, hit[1]
@@ -52,6 +56,23 @@ class _KeyCache:
 
 
 _keys = _KeyCache()
+
+_NO_KEY_MESSAGE = (
+    "an API key is required: send 'Authorization: Bearer <key>' (an operator creates "
+    "keys with `stitchsim-server keys create NAME`)"
+)
+
+
+def cached_owner(settings: Settings, key: str | None, client: str | None) -> str | None:
+    """The owner of a request when it is known without a table read (a key seen within
+    TTL_S, or no key where none is needed); None when get_owner has to decide (a key not
+    seen lately, or a request it refuses). For the status-poll fast path."""
+    if key:
+        cached, owner = _keys.get(key)
+        return owner if cached else None
+    if settings.keys_required or not is_loopback(client):
+        return None
+    return LOCAL_OWNER
 
 
 async def get_owner(
@@ -75,9 +96,5 @@ async def get_owner(
             raise DomainError("unauthorized", "this API key is not valid (unknown or revoked)")
         return owner
     if required:
-        raise DomainError(
-            "unauthorized",
-            "an API key is required: send 'Authorization: Bearer <key>' (an operator creates "
-            "keys with `stitchsim-server keys create NAME`)",
-        )
+        raise DomainError("unauthorized", _NO_KEY_MESSAGE)
     return LOCAL_OWNER

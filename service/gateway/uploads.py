@@ -15,7 +15,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import anyio
 from fastapi import Request
@@ -35,6 +35,7 @@ from stitchsim_service.core.tmpfiles import new_upload_path
 from stitchsim_service.gateway.errors import file_error, status_of
 
 _FLUSH_BYTES = 4 * 1024 * 1024
+_IOV_MAX = 512  # below every platform's IOV_MAX (Linux: 1024)
 _DRAIN_LIMIT = 256 * 1024 * 1024
 _SPOOL = "the upload spool (STITCHSIM_DATA_DIR/tmp)"
 
@@ -65,45 +66,93 @@ class UploadedFile:
         self.path.unlink(missing_ok=True)
 
 
-class _Spool:
-    """One file being received: bounded buffering; hashing and writing happen in a writer
-    thread, so they overlap with receiving the next bytes (two cores: about twice the rate)."""
+class _Stage:
+    """One thread applying fn to each piece it is handed, in order; a bounded queue, so
+    memory stays flat however big the file. An error stops the work but not the draining,
+    so the producer never blocks on a dead stage."""
 
-    _QUEUE_DEPTH = 4  # pieces of up to _FLUSH_BYTES in flight: bounded memory
+    def __init__(self, name: str, fn: Callable[[list[bytes]], None], depth: int):
+        self._fn = fn
+        self._queue: queue.Queue[list[bytes] | None] = queue.Queue(depth)
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+        self._closed = False
+
+    def _loop(self) -> None:
+        while True:
+            piece = self._queue.get()
+            if piece is None:
+                return
+            if self.error is not None:
+                continue
+            try:
+                self._fn(piece)
+            except BaseException as exc:
+                self.error = exc
+
+    def offer(self, piece: list[bytes]) -> bool:
+        try:
+            self._queue.put_nowait(piece)
+            return True
+        except queue.Full:
+            return False
+
+    def put(self, piece: list[bytes]) -> None:
+        self._queue.put(piece)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join()
+
+
+def _write_all(fd: int, piece: list[bytes]) -> None:
+    """os.writev until every byte of piece is written (it may write less at a time)."""
+    views = [memoryview(c) for c in piece]
+    while views:
+        n = os.writev(fd, views[:_IOV_MAX])
+        while views and n >= len(views[0]):
+            n -= len(views[0])
+            views.pop(0)
+        if n:
+            views[0] = views[0][n:]
+
+
+class _Spool:
+    """One file being received, in bounded memory: the body's pieces, as they come, go to
+    two threads at once, one hashing, one writing (large vectored writes, no copy into one
+    buffer first), so the hash costs no second pass and neither waits for the other; both
+    overlap with receiving the next bytes on the event loop."""
+
+    _QUEUE_DEPTH = 4  # pieces of about _FLUSH_BYTES in flight per stage: bounded memory
 
     def __init__(self, field: str, filename: str | None, path: Path, limit: int,
-                 max_header_bytes: int, fh: BinaryIO):
+                 max_header_bytes: int, fd: int):
         self.field = field
         self.filename = filename
         self.path = path
         self.limit = limit
         self.max_header_bytes = max_header_bytes
-        self.fh = fh
+        self.fd: int | None = fd
         self.hasher = hashlib.sha256()
         self.size = 0
         self.pending: list[bytes] = []
         self.pending_bytes = 0
         self.head = bytearray()
         self.sniffed = False
-        self._queue: queue.Queue[bytes | None] = queue.Queue(self._QUEUE_DEPTH)
-        self._error: BaseException | None = None
-        self._writer = threading.Thread(target=self._write_loop, name="upload-writer",
-                                        daemon=True)
-        self._writer.start()
+        self._hash = _Stage("upload-hash", self._hash_piece, self._QUEUE_DEPTH)
+        self._write = _Stage("upload-write", self._write_piece, self._QUEUE_DEPTH)
         self._closed = False
 
-    def _write_loop(self) -> None:
-        while True:
-            piece = self._queue.get()
-            if piece is None:
-                return
-            if self._error is not None:
-                continue  # keep draining so the producer never blocks on a dead writer
-            try:
-                self.hasher.update(piece)
-                self.fh.write(piece)
-            except BaseException as exc:
-                self._error = exc
+    def _hash_piece(self, piece: list[bytes]) -> None:
+        for chunk in piece:
+            self.hasher.update(chunk)  # releases the GIL for all but tiny chunks
+
+    def _write_piece(self, piece: list[bytes]) -> None:
+        assert self.fd is not None
+        _write_all(self.fd, piece)
 
     def _check_head(self, final: bool) -> None:
         if self.sniffed or (len(self.head) < SNIFF_BYTES and not final):
@@ -132,30 +181,32 @@ class _Spool:
     async def flush(self) -> None:
         if not self.pending:
             return
-        piece = b"".join(self.pending)
+        piece = self.pending  # the chunks as received: both stages only read them
         self.pending, self.pending_bytes = [], 0
-        try:
-            self._queue.put_nowait(piece)
-        except queue.Full:
-            # The disk is the bottleneck: wait off the event loop.
-            await anyio.to_thread.run_sync(self._queue.put, piece)
+        for stage in (self._hash, self._write):
+            if not stage.offer(piece):
+                # That stage is the bottleneck (the disk, or the hash): wait off the loop.
+                await anyio.to_thread.run_sync(stage.put, piece)
 
-    def _close_writer(self) -> None:
+    def _close_stages(self) -> None:
         if not self._closed:
             self._closed = True
-            self._queue.put(None)
-            self._writer.join()
+            self._hash.close()
+            self._write.close()
 
     async def finish(self) -> UploadedFile:
         await self.flush()
         self._check_head(final=True)
-        await anyio.to_thread.run_sync(self._close_writer)
-        if isinstance(self._error, OSError):  # disk full, read-only …: 503, not 500
-            raise write_error(self._error, _SPOOL) from self._error
-        if self._error is not None:
-            raise StoreError(f"cannot write the upload to disk: {self._error}")
+        await anyio.to_thread.run_sync(self._close_stages)
+        error = self._write.error or self._hash.error
+        if isinstance(error, OSError):  # disk full, read-only …: 503, not 500
+            raise write_error(error, _SPOOL) from error
+        if error is not None:
+            raise StoreError(f"cannot write the upload to disk: {error}")
+        fd, self.fd = self.fd, None
         try:
-            await anyio.to_thread.run_sync(self.fh.close)
+            if fd is not None:
+                await anyio.to_thread.run_sync(os.close, fd)
         except OSError as exc:
             raise write_error(exc, _SPOOL) from exc
         return UploadedFile(self.field, self.filename, self.path, self.size,
@@ -163,9 +214,11 @@ class _Spool:
 
     def abort(self) -> None:
         with contextlib.suppress(Exception):
-            self._close_writer()
-        with contextlib.suppress(Exception):
-            self.fh.close()
+            self._close_stages()
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            with contextlib.suppress(Exception):
+                os.close(fd)
         self.path.unlink(missing_ok=True)
 
 
@@ -191,7 +244,7 @@ class UploadReceiver:
         except OSError as exc:
             raise write_error(exc, _SPOOL) from exc
         spool = _Spool(field_name, filename, path, self.settings.max_upload_bytes,
-                       self.settings.max_header_bytes, os.fdopen(fd, "wb"))
+                       self.settings.max_header_bytes, fd)
         self._spools.append(spool)
         return spool
 

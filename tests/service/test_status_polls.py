@@ -1,0 +1,114 @@
+"""Status polls (GET /jobs/{id}) on their fast path (gateway.routers.jobs.StatusPolls) answer
+exactly what the route answers, refuse what it refuses, follow the job table at once, and
+do so with several gateway processes on one port (STITCHSIM_GATEWAY_WORKERS).
+
+The services run the gateway alone with submission checks off: jobs stay queued.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from typing import Any
+
+import httpx
+import pytest
+from stitchsim.models import JobStatus
+
+from tests.fixtures_service import ServiceFactory, ServiceHandle, _children, cli_command
+from tests.service.conftest import tiny_spec, upload
+
+ENV = {"STITCHSIM_CHECK_TIMEOUT_S": "0", "STITCHSIM_REQUIRE_API_KEY": "true"}
+
+
+def _job(svc: ServiceHandle, key: str, ckpts: Any) -> str:
+    with svc.client(key) as c:
+        ids = [upload(c, p) for p in (ckpts.digits_resnet, ckpts.digits_resnet_b)]
+        r = c.post("/similarity", json=tiny_spec({"checkpoint": ids[0]},
+                                                 {"checkpoint": ids[1]}))
+        assert r.status_code == 202, r.text
+        return str(r.json()["job_id"])
+
+
+def _poll_count(svc: ServiceHandle) -> float:
+    text = httpx.get(svc.url + "/metrics", timeout=10).text
+    m = re.search(r'stitchsim_http_requests_total\{method="GET",route="/jobs/\{job_id\}",'
+                  r'status="200"\} ([0-9.e+]+)', text)
+    return float(m.group(1)) if m else 0.0
+
+
+@pytest.mark.parametrize("mode", ["embedded", "redis"])
+def test_fast_path_answers_as_the_route(mode: str, service_factory: ServiceFactory,
+                                        ckpts: Any) -> None:
+    # redis: the job table in PostgreSQL where it answers, so the lookup is a pooled Core read
+    # in a thread rather than SQLite's on the loop.
+    svc = (service_factory.embedded(extra_env=ENV, workers=False) if mode == "embedded"
+           else service_factory.redis(keys=False, extra_env=ENV, workers=False))
+    alice, bob = svc.create_key("alice"), svc.create_key("bob")
+    job = _job(svc, alice, ckpts)
+    before = _poll_count(svc)
+    with svc.client(alice) as c:
+        # The first poll of a key goes through the route (key not cached yet); the rest are
+        # answered by the fast path: the same bytes, a valid JobStatus with the stored spec.
+        bodies = [c.get(f"/jobs/{job}") for _ in range(5)]
+        assert {r.status_code for r in bodies} == {200}
+        assert len({r.content for r in bodies}) == 1
+        assert {r.headers["content-type"] for r in bodies} == {"application/json"}
+        status = JobStatus.model_validate_json(bodies[0].content)
+        assert status.id == job and status.state == "queued" and status.spec is not None
+        # X-API-Key is read as the route reads it.
+        assert c.get(f"/jobs/{job}", headers={"Authorization": "",
+                                              "X-API-Key": alice}).content == bodies[0].content
+        # Still counted by the metrics, under the route's template.
+        assert _poll_count(svc) >= before + 6
+        # Refusals stay the route's: another key's job, no key, a malformed id, a query.
+        with svc.client(bob) as b:
+            for _ in range(2):  # uncached, then cached key
+                r = b.get(f"/jobs/{job}")
+                assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        r = httpx.get(f"{svc.url}/jobs/{job}", timeout=10)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized"
+        assert c.get("/jobs/" + "g" * 32).status_code == 404
+        # A state change shows on the very next poll: nothing is cached but keys.
+        assert c.delete(f"/jobs/{job}").status_code == 200
+        assert c.get(f"/jobs/{job}").json()["state"] == "cancelled"
+
+
+def test_revoked_key_stops_within_the_cache_ttl(service_factory: ServiceFactory,
+                                                ckpts: Any) -> None:
+    from stitchsim_service.gateway.deps import _KeyCache
+
+    svc = service_factory.embedded(extra_env=ENV, workers=False)
+    key = svc.create_key("carol")
+    job = _job(svc, key, ckpts)
+    with svc.client(key) as c:
+        assert c.get(f"/jobs/{job}").status_code == 200
+        key_id = next(line.split("\t")[0] for line in subprocess.run(
+            cli_command("keys", "list"), env=svc.env, capture_output=True, text=True,
+            check=True, timeout=60).stdout.splitlines() if "\tcarol\t" in line)
+        subprocess.run(cli_command("keys", "revoke", key_id), env=svc.env, check=True,
+                       capture_output=True, timeout=60)
+        revoked = time.monotonic()
+        while c.get(f"/jobs/{job}").status_code == 200:
+            assert time.monotonic() - revoked < _KeyCache.TTL_S + 2, "revoked key still works"
+            time.sleep(0.2)
+        assert c.get(f"/jobs/{job}").status_code == 401
+
+
+def test_several_gateway_processes(service_factory: ServiceFactory, ckpts: Any) -> None:
+    svc = service_factory.embedded(extra_env={**ENV, "STITCHSIM_GATEWAY_WORKERS": "2"},
+                                   workers=False)
+    # serve, and under it uvicorn's two gateway processes.
+    assert len(_children(svc.procs["serve"].pid)) >= 2
+    key = svc.create_key("dan")
+    job = _job(svc, key, ckpts)
+    headers = {"Authorization": f"Bearer {key}"}
+    # Fresh connections land on either process; each answers from the one job table.
+    for _ in range(20):
+        r = httpx.get(f"{svc.url}/jobs/{job}", headers=headers, timeout=10)
+        assert r.status_code == 200 and r.json()["state"] == "queued"
+    assert httpx.delete(f"{svc.url}/jobs/{job}", headers=headers, timeout=10).status_code == 200
+    for _ in range(20):
+        assert httpx.get(f"{svc.url}/jobs/{job}", headers=headers,
+                         timeout=10).json()["state"] == "cancelled"
