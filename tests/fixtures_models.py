@@ -1,8 +1,12 @@
 """Small timm models trained on the built-in sets, saved as users upload them (safetensors
-with arch metadata). Trained once per test session; a few seconds each on two cores."""
+with arch metadata). Trained once per test session, in parallel processes: the suite runs
+single-threaded (OMP_NUM_THREADS=1), so one process per core halves the fixture's wall time."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,8 +39,14 @@ class Checkpoints:
 @pytest.fixture(scope="session")
 def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Checkpoints:
     root = tmp_path_factory.mktemp("ckpts")
-    acc = {}
-    for name, (arch, dataset, kwargs, seed, training) in MODELS.items():
-        path = root / f"{name}.safetensors"
-        acc[name] = make_checkpoint(path, arch, dataset, arch_kwargs=kwargs, seed=seed, **training)
+    # spawn: a forked child of a process with OpenMP threads can hang in its first parallel op.
+    pool = ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1),
+                               mp_context=multiprocessing.get_context("spawn"))
+    with pool:
+        futures = {
+            name: pool.submit(make_checkpoint, root / f"{name}.safetensors", arch, dataset,
+                              arch_kwargs=kwargs, seed=seed, **training)
+            for name, (arch, dataset, kwargs, seed, training) in MODELS.items()
+        }
+        acc = {name: f.result() for name, f in futures.items()}
     return Checkpoints(root, acc)

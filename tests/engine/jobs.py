@@ -10,6 +10,10 @@ from stitchsim_worker.engine import Resources, run_job
 
 FAST = {"epochs": 5, "max_train_samples": 400, "max_test_samples": 300}
 FAST_IRI = {"steps": 50, "extra_rounds": 0}  # half a default round, no extra rounds: fast
+# IRIs cost a synthesis per training input: invariance-aware tests train on half FAST's inputs.
+FAST_IA = {**FAST, "max_train_samples": 200}
+# Cache and plumbing tests need IRIs, not good ones.
+TINY = {"epochs": 1, "max_train_samples": 64, "max_test_samples": 100}
 
 
 def spec(front: Path, back: Path, **fields: Any) -> Spec:

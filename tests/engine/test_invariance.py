@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.engine.jobs import FAST, FAST_IRI, layers, rows, run, spec
+from tests.engine.jobs import FAST_IA, FAST_IRI, TINY, layers, rows, run, spec
 
 BOTH = ["standard", "invariance_aware"]
 
@@ -24,7 +24,7 @@ def test_shortcut_front_loses_agreement_under_the_invariance_aware_protocol(
         objectives=["slm"],
         protocols=BOTH,
         layers=layers("layer3", "layer4"),
-        train=FAST,
+        train=FAST_IA,
         iri=FAST_IRI,
     )
     report = run(s, tmp_path)
@@ -44,7 +44,7 @@ def test_identical_models_keep_high_invariance_aware_agreement(ckpts, tmp_path: 
         objectives=["slm", "dm"],
         protocols=["invariance_aware"],
         layers=layers("layer2", "layer4"),
-        train=FAST,
+        train=FAST_IA,
         iri=FAST_IRI,
     )
     for r in run(s, tmp_path).results:
@@ -58,13 +58,13 @@ def test_iris_converge_and_are_reused_from_the_cache(ckpts, tmp_path: Path) -> N
         objectives=["dm"],
         protocols=["invariance_aware"],
         layers=layers("layer3"),
-        train=FAST,
+        train=FAST_IA,
         iri=FAST_IRI,
     )
     first = run(s, tmp_path)
     stats = first.results[0].iri
     assert stats is not None and not stats.cache_hit
-    assert stats.n == 400
+    assert stats.n == 200
     assert stats.median < 0.4 * stats.start_median
     assert stats.median <= stats.p90 <= stats.max
     assert stats.converged_below == s.iri.converged_below
@@ -89,8 +89,8 @@ def _quick_iri_spec(ckpts):  # type: ignore[no-untyped-def]
         objectives=["dm"],
         protocols=["invariance_aware"],
         layers=layers("layer4"),
-        train=FAST,
-        iri={"steps": 10},
+        train=TINY,
+        iri={"steps": 10, "extra_rounds": 0},
     )
 
 
@@ -119,7 +119,7 @@ def test_unconverged_iris_are_flagged(ckpts, tmp_path: Path) -> None:
         objectives=["dm"],
         protocols=["invariance_aware"],
         layers=layers("layer1"),
-        train=FAST,
+        train=TINY,
         iri={"steps": 2, "extra_rounds": 0},  # no convergence-driven rounds to rescue it
     )
     report = run(s, tmp_path)
@@ -134,7 +134,7 @@ def test_both_directions_and_the_shortcut_control(ckpts, tmp_path: Path) -> None
         objectives=["slm"],
         protocols=BOTH,
         layers=layers("layer4"),
-        train=FAST,
+        train=FAST_IA,
         iri=FAST_IRI,
         controls=["shortcut", "identity"],
         control_settings={"cues": ["pixel_specific"]},  # the whole suite: test_protocols.py

@@ -10,7 +10,7 @@ import pytest
 from stitchsim_worker.engine.robust import make_robust_checkpoint
 from stitchsim_worker.engine.zoo import make_checkpoint
 
-from tests.engine.jobs import FAST, FAST_IRI, layers, rows, run, spec
+from tests.engine.jobs import FAST_IA, FAST_IRI, layers, rows, run, spec
 
 QUICK = {"epochs": 4, "max_train_samples": 400, "max_test_samples": 300}
 
@@ -61,7 +61,7 @@ def test_unseen_cues_give_excessive_agreement_under_the_standard_protocol_only(
     # (Between two clean seeds, slm shows no excessive agreement at all: the back model
     # ignores the cue, so its targets give the stitch no reason to follow it.)
     s = spec(ckpts.marker_resnet, ckpts.digits_resnet, objectives=["slm"],
-             protocols=["standard", "invariance_aware"], layers=layers("layer4"), train=FAST,
+             protocols=["standard", "invariance_aware"], layers=layers("layer4"), train=FAST_IA,
              iri=FAST_IRI, controls=["shortcut"])
     report = run(s, tmp_path)
     excess = {(e.cue, e.protocol): e.max_excessive_agreement
