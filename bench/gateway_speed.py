@@ -39,6 +39,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,6 +236,11 @@ class PollFigures:
     cpu_ms_per_req: float = 0.0
     sys_share: float = 0.0  # of that CPU, the kernel's (loopback TCP is charged to it)
 
+    def record(self, latency_ms: float, status: int) -> None:
+        self.lat_ms.append(latency_ms)
+        self.requests += 1
+        self.errors += status != 200
+
     def set_cpu(self, user_sys: tuple[float, float]) -> None:
         total = sum(user_sys)
         self.cpu_ms_per_req = total / max(self.requests, 1) * 1000
@@ -264,10 +270,14 @@ async def _open_loop(gw: Gateway, clients: int, rate: float, seconds: float) -> 
             if delay > 0:
                 await asyncio.sleep(delay)
             status = await c.get()
-            fig.lat_ms.append((loop.time() - due) * 1000)
-            fig.requests += 1
-            fig.errors += status != 200
+            fig.record((loop.time() - due) * 1000, status)
 
+    return await _drive(gw, conns, client, fig)
+
+
+async def _drive(gw: Gateway, conns: list[Conn], client: Callable[[Conn], Awaitable[None]],
+                 fig: PollFigures) -> PollFigures:
+    """Run every client to its end, with the gateway's CPU and the wall time around them."""
     cpu0 = gw.cpu_s()
     start = time.perf_counter()
     await asyncio.gather(*(client(c) for c in conns))
@@ -292,18 +302,9 @@ async def _closed_loop(gw: Gateway, conns_n: int, seconds: float) -> PollFigures
                 return
             t = time.perf_counter()
             status = await c.get()
-            fig.lat_ms.append((time.perf_counter() - t) * 1000)
-            fig.requests += 1
-            fig.errors += status != 200
+            fig.record((time.perf_counter() - t) * 1000, status)
 
-    cpu0 = gw.cpu_s()
-    start = time.perf_counter()
-    await asyncio.gather(*(client(c) for c in conns))
-    fig.seconds = time.perf_counter() - start
-    fig.set_cpu(_cpu_delta(cpu0, gw.cpu_s()))
-    for c in conns:
-        c.close()
-    return fig
+    return await _drive(gw, conns, client, fig)
 
 
 def _run(coro: Any) -> Any:
