@@ -32,7 +32,7 @@ from stitchsim.models import Spec  # noqa: E402
 from stitchsim_service.core.settings import Settings  # noqa: E402
 from stitchsim_worker.engine import Resources, check_spec, run_job  # noqa: E402
 from stitchsim_worker.engine.zoo import make_checkpoint  # noqa: E402
-from stitchsim_worker.run_command import DEMO_EPOCHS, DEMO_MODELS  # noqa: E402
+from stitchsim_worker.run_command import train_demo_models  # noqa: E402
 from stitchsim_worker.runner import EtaClock  # noqa: E402
 
 from tests.service.helpers import TINY_SPEC  # noqa: E402
@@ -117,12 +117,9 @@ def main() -> int:
         for name in args.jobs.split(","):
             front = back = ref
             if name == "demo":
-                paths = []
-                for file in ("reference.safetensors", "retrained.safetensors"):
-                    arch, dataset, seed = DEMO_MODELS[file]
-                    make_checkpoint(root / file, arch, dataset, seed=seed, epochs=DEMO_EPOCHS)
-                    paths.append({"checkpoint": {"path": str(root / file)}})
-                front, back = paths
+                files = ("reference.safetensors", "retrained.safetensors")
+                train_demo_models(root, files)
+                front, back = ({"checkpoint": {"path": str(root / f)}} for f in files)
             spec = Spec.model_validate({**JOBS[name], "front": front, "back": back})
             checked = check_spec(spec, resources=Resources(cache_dir=root))
             points, st = measure(spec, root / f"cache-{name}")
