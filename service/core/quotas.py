@@ -27,19 +27,22 @@ class Limits:
     """None: no compute quota."""
 
 
-LIMIT_FIELDS = ("max_active_jobs", "max_stored_bytes", "max_active_units")
+# Each limit, and the setting that gives it to keys without an override of their own.
+LIMIT_DEFAULTS = {
+    "max_active_jobs": "max_active_jobs_per_key",
+    "max_stored_bytes": "max_stored_bytes_per_key",
+    "max_active_units": "max_active_units_per_key",
+}
 
 
 def limits_for(session: Session, settings: Settings, owner: str) -> Limits:
     row = session.get(KeyLimitsRow, owner)
-    jobs = row.max_active_jobs if row and row.max_active_jobs is not None else None
-    stored = row.max_stored_bytes if row and row.max_stored_bytes is not None else None
-    units = row.max_active_units if row and row.max_active_units is not None else None
-    return Limits(max_active_jobs=settings.max_active_jobs_per_key if jobs is None else jobs,
-                  max_stored_bytes=(settings.max_stored_bytes_per_key if stored is None
-                                    else stored),
-                  max_active_units=(settings.max_active_units_per_key if units is None
-                                    else units))
+
+    def limit(name: str) -> int | None:
+        override = getattr(row, name) if row is not None else None
+        return getattr(settings, LIMIT_DEFAULTS[name]) if override is None else override
+
+    return Limits(**{name: limit(name) for name in LIMIT_DEFAULTS})
 
 
 def lock_owner(session: Session, owner: str) -> None:
@@ -134,7 +137,7 @@ def set_limits(session: Session, owner: str, changes: dict[str, int | None]) -> 
         row = KeyLimitsRow(owner=owner)
         session.add(row)
     for name, value in changes.items():
-        if name not in LIMIT_FIELDS:
+        if name not in LIMIT_DEFAULTS:
             raise ValueError(f"no such limit: {name}")
         setattr(row, name, value)
     return row

@@ -63,6 +63,22 @@ _NO_KEY_MESSAGE = (
 )
 
 
+def key_from_headers(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The API key from raw ASGI headers, as get_owner's dependencies read it: a Bearer
+    token, else X-API-Key (for the status-poll fast path, which runs before FastAPI)."""
+    auth = api_key = None
+    for name, value in headers:
+        if name == b"authorization" and auth is None:
+            auth = value.decode("latin-1")
+        elif name == b"x-api-key" and api_key is None:
+            api_key = value.decode("latin-1")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    return api_key or None
+
+
 def cached_owner(settings: Settings, key: str | None, client: str | None) -> str | None:
     """The owner of a request when it is known without a table read (a key seen within
     TTL_S, or no key where none is needed); None when get_owner has to decide (a key not

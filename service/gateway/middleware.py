@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -12,9 +13,9 @@ from stitchsim_service.core.metrics import LATENCY, REQUESTS
 log = logging.getLogger("stitchsim.service")
 
 
-class HTTPMiddleware:
+class HTTPMiddleware(ABC):
     """Pure ASGI middleware for HTTP requests (no per-request task like BaseHTTPMiddleware);
-    lifespan and other scopes pass straight through."""
+    lifespan and other scopes pass straight through. Subclasses say what `handle` does."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -25,8 +26,9 @@ class HTTPMiddleware:
             return
         await self.handle(scope, receive, send)
 
+    @abstractmethod
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
-        raise NotImplementedError
+        """One HTTP request, passed on to self.app."""
 
 
 class MetricsMiddleware(HTTPMiddleware):

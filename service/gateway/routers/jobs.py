@@ -16,7 +16,7 @@ from stitchsim_service.core import jobs
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.metrics import LATENCY, REQUESTS
 from stitchsim_service.core.store import is_job_id
-from stitchsim_service.gateway.deps import cached_owner, get_ctx, get_owner
+from stitchsim_service.gateway.deps import cached_owner, get_ctx, get_owner, key_from_headers
 from stitchsim_service.gateway.pages import render_job_page
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -88,21 +88,6 @@ _PREFIX = "/jobs/"
 _HEADERS = [(b"content-type", b"application/json")]
 
 
-def _key(headers: list[tuple[bytes, bytes]]) -> str | None:
-    """The API key as get_owner's dependencies read it: a Bearer token, else X-API-Key."""
-    auth = api_key = None
-    for name, value in headers:
-        if name == b"authorization" and auth is None:
-            auth = value.decode("latin-1")
-        elif name == b"x-api-key" and api_key is None:
-            api_key = value.decode("latin-1")
-    if auth:
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    return api_key or None
-
-
 class StatusPolls:
     """GET /jobs/{id}, the request pollers repeat, answered before FastAPI's middleware,
     routing and dependency machinery (most of a poll's CPU; the gateway app calls answer()
@@ -142,7 +127,7 @@ class StatusPolls:
         if not is_job_id(job_id):
             return None
         client = scope.get("client")
-        owner = cached_owner(ctx.settings, _key(scope["headers"]),
+        owner = cached_owner(ctx.settings, key_from_headers(scope["headers"]),
                              client[0] if client else None)
         if owner is None:
             return None
