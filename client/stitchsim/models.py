@@ -159,6 +159,20 @@ class IRISettings(_Strict):
     linf: float | None = Field(
         default=None, gt=0, le=1, description="optional L-inf bound of |x' - x|"
     )
+    extra_rounds_stop_at_aim: bool = Field(
+        default=False,
+        description="true: in an extra round, a sample below the rounds' aim (0.9 x "
+        "converged_below) leaves the batch, at the start or when it gets there, so the rounds "
+        "step only the samples that keep the median up: fewer steps, but the IRIs end just "
+        "under the aim instead of closer. false: every live sample takes every extra step",
+    )
+    fast_kernels: bool = Field(
+        default=True,
+        description="CPU: channels-last images for convolutional fronts, and the native "
+        "kernel for the input gradient of the convolution that reads the pixels (oneDNN's is "
+        "slow for 3 input channels). The same steps; float rounding differs slightly. false: "
+        "the kernels of the first releases",
+    )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     batch_size: int = Field(default=256, ge=1, le=8192)
     converged_below: float = Field(

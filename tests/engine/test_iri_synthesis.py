@@ -12,7 +12,15 @@ import torch
 from stitchsim.models import IRISettings, ModelRef
 from stitchsim_worker.engine.bank import Bank, BankBuilder
 from stitchsim_worker.engine.data import builtin
-from stitchsim_worker.engine.iri import Synthesis, round_lengths, step_schedule, synthesize
+from stitchsim_worker.engine.iri import (
+    EXTRA_ROUNDS_AIM,
+    FEW_CHANNELS,
+    Synthesis,
+    _Kernels,
+    round_lengths,
+    step_schedule,
+    synthesize,
+)
 from stitchsim_worker.engine.models import build_model
 from stitchsim_worker.engine.network import Network
 
@@ -95,6 +103,23 @@ def test_extra_rounds_run_only_while_the_median_is_short_of_the_aim(networks, pi
     assert (make(net, point, pixels, banks, easy).steps == 10).all()
 
 
+def test_extra_rounds_that_stop_at_the_aim_step_only_the_samples_above_it(networks, pixels,
+                                                                          banks) -> None:
+    net, point = networks["resnet"], "layer2"
+    every = IRISettings(steps=30, extra_rounds=2, stop_below=None,
+                        extra_rounds_stop_at_aim=False)
+    at_aim = every.model_copy(update={"extra_rounds_stop_at_aim": True})
+    full, fast = (make(net, point, pixels, banks, s) for s in (every, at_aim))
+    aim = EXTRA_ROUNDS_AIM * every.converged_below
+    assert fast.steps.sum() < full.steps.sum()
+    # The first round is the same; after it, only the samples above the aim took steps, and
+    # the ones that took fewer steps than the others stopped below it.
+    assert (fast.steps >= 30).all() and np.median(fast.final) < every.converged_below
+    short = fast.steps < full.steps
+    assert short.any() and (fast.final[short] < aim).all()
+    assert (fast.final >= full.final - 1e-6).all()  # each sample: the same path, cut short
+
+
 def test_a_seed_fixes_every_number(networks, pixels, banks) -> None:
     net, point = networks["resnet"], "layer3"
     # Loose lines, so that stopping, compaction and an extra round all happen in 30 steps.
@@ -123,3 +148,44 @@ def test_a_cap_beyond_the_limit_is_refused_with_what_to_change() -> None:
     with pytest.raises(ValueError, match="lower iri.steps or iri.extra_rounds"):
         IRISettings(steps=10_000)
     assert IRISettings(steps=10_000, extra_rounds=0).max_steps == 10_000
+
+
+def test_fast_kernels_change_only_float_rounding(networks, pixels, banks) -> None:
+    """Channels-last images (the CNN) and the native kernel for the pixel convolution's
+    gradient (both) are the same method: the IRIs come out as close as the plain kernels'."""
+    settings = IRISettings(steps=20, extra_rounds=0)
+    plain_kernels = settings.model_copy(update={"fast_kernels": False})
+    for family, point in (("vit", "blocks.2"), ("resnet", "layer3")):
+        fast = make(networks[family], point, pixels, banks, settings)
+        plain = make(networks[family], point, pixels, banks, plain_kernels)
+        assert np.abs(fast.start - plain.start).max() < 1e-5, family
+        assert abs(np.median(fast.final) - np.median(plain.final)) < 0.01, family
+        assert abs(np.quantile(fast.final, 0.9) - np.quantile(plain.final, 0.9)) < 0.01, family
+        assert np.array_equal(fast.steps, plain.steps), family
+
+
+@pytest.mark.parametrize(("conv", "shape"), [
+    (torch.nn.Conv2d(3, 16, 3, stride=2, padding=1, bias=False), (4, 3, 32, 32)),  # a stem
+    (torch.nn.Conv2d(3, 64, 16, stride=16), (4, 3, 32, 32)),  # a ViT's patch embedding
+    (torch.nn.Conv2d(8, 16, 3, padding=1), (4, 8, 16, 16)),  # many channels: oneDNN's own
+])
+def test_the_pixel_convolution_gradient_is_the_convolution_gradient(conv, shape) -> None:
+    conv.requires_grad_(False)
+    x = torch.rand(shape, generator=torch.Generator().manual_seed(0))
+    grads = []
+    for kernels in (_Kernels(), _Kernels(pixel_conv_grad=True)):
+        xi = x.clone().requires_grad_(True)
+        with kernels.mode():
+            y = conv(xi)
+        routed = type(y.grad_fn).__name__.startswith("_PixelConvGrad")
+        assert routed == (kernels.pixel_conv_grad and shape[1] <= FEW_CHANNELS)
+        (g,) = torch.autograd.grad((y * y).sum(), xi)
+        grads.append(g)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-5, atol=1e-6)
+
+
+def test_kernels_follow_the_point_and_the_setting() -> None:
+    on, off = IRISettings(), IRISettings(fast_kernels=False)
+    assert _Kernels.pick(on, CPU, 4) == _Kernels(torch.channels_last, pixel_conv_grad=True)
+    assert _Kernels.pick(on, CPU, 3) == _Kernels(pixel_conv_grad=True)  # tokens: NCHW images
+    assert _Kernels.pick(off, CPU, 4) == _Kernels()
