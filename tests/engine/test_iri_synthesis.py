@@ -15,8 +15,8 @@ from stitchsim_worker.engine.data import builtin
 from stitchsim_worker.engine.iri import (
     EXTRA_ROUNDS_AIM,
     FEW_CHANNELS,
+    Kernels,
     Synthesis,
-    _Kernels,
     round_lengths,
     step_schedule,
     synthesize,
@@ -96,7 +96,7 @@ def test_extra_rounds_run_only_while_the_median_is_short_of_the_aim(networks, pi
     a, b = (make(net, point, pixels, banks, s) for s in (short, driven))
     assert (a.steps == 10).all()
     assert np.median(a.final) >= short.converged_below  # 10 steps are not enough here
-    assert b.steps.max() > 10 and b.steps.max() <= driven.max_steps == 70
+    assert b.steps.max() > 10 and b.steps.max() <= driven.max_steps == 30
     assert np.median(b.final) < np.median(a.final)
     # A line that 10 steps already meet: no extra round.
     easy = IRISettings(steps=10, extra_rounds=2, stop_below=None, converged_below=0.99)
@@ -137,11 +137,16 @@ def test_schedules() -> None:
     cosine = step_schedule(IRISettings(step_size=0.1, cycle_steps=4), 8)
     assert cosine[0] == cosine[4] == pytest.approx(0.1)  # restarts each cycle
     assert cosine[1] > cosine[2] > cosine[3] > 0
-    longer = step_schedule(IRISettings(step_size=0.1, cycle_steps=4), 8, round_index=1)
+    growing = IRISettings(step_size=0.1, cycle_steps=4, extra_round_growth=2)
+    longer = step_schedule(growing, 8, round_index=1)
     assert longer[4] < longer[3]  # one cycle of 8 in the first extra round: no restart
+    same = step_schedule(IRISettings(step_size=0.1, cycle_steps=4), 8, round_index=1)
+    assert same == cosine  # rounds of one length: cycles of one length
     assert step_schedule(IRISettings(schedule="constant", step_size=0.2), 3) == [0.2] * 3
-    assert round_lengths(IRISettings(steps=100, extra_rounds=2)) == [100, 200, 400]
-    assert IRISettings(steps=100, extra_rounds=2).max_steps == 700
+    assert round_lengths(IRISettings(steps=100, extra_rounds=2)) == [100, 100, 100]
+    assert IRISettings().max_steps == 700  # the defaults: 7 cycles of 100 at most
+    doubling = IRISettings(steps=100, extra_rounds=2, extra_round_growth=2)
+    assert round_lengths(doubling) == [100, 200, 400] and doubling.max_steps == 700
 
 
 def test_a_cap_beyond_the_limit_is_refused_with_what_to_change() -> None:
@@ -173,7 +178,7 @@ def test_the_pixel_convolution_gradient_is_the_convolution_gradient(conv, shape)
     conv.requires_grad_(False)
     x = torch.rand(shape, generator=torch.Generator().manual_seed(0))
     grads = []
-    for kernels in (_Kernels(), _Kernels(pixel_conv_grad=True)):
+    for kernels in (Kernels(), Kernels(pixel_conv_grad=True)):
         xi = x.clone().requires_grad_(True)
         with kernels.mode():
             y = conv(xi)
@@ -186,6 +191,6 @@ def test_the_pixel_convolution_gradient_is_the_convolution_gradient(conv, shape)
 
 def test_kernels_follow_the_point_and_the_setting() -> None:
     on, off = IRISettings(), IRISettings(fast_kernels=False)
-    assert _Kernels.pick(on, CPU, 4) == _Kernels(torch.channels_last, pixel_conv_grad=True)
-    assert _Kernels.pick(on, CPU, 3) == _Kernels(pixel_conv_grad=True)  # tokens: NCHW images
-    assert _Kernels.pick(off, CPU, 4) == _Kernels()
+    assert Kernels.pick(on, CPU, 4) == Kernels(torch.channels_last, pixel_conv_grad=True)
+    assert Kernels.pick(on, CPU, 3) == Kernels(pixel_conv_grad=True)  # tokens: NCHW images
+    assert Kernels.pick(off, CPU, 4) == Kernels()

@@ -8,10 +8,10 @@ that does not share its invariances can.
 How (IRISettings): the step follows a cosine schedule (or stays constant, the original
 method); each sample keeps its best iterate; a sample whose distance falls below `stop_below`
 stops and leaves the batch (compaction: later steps cost only the live samples); while a
-batch's median is short of the convergence line, extra rounds of doubling length run, up to
-`extra_rounds` (with `extra_rounds_stop_at_aim`, only the samples still above the rounds'
-aim take them). On the CPU, `fast_kernels` picks the memory format and the
-kernel of the pixel gradient (see _Kernels). Everything is a function of the settings and the
+batch's median is short of the convergence line, extra rounds run (each as long as the first,
+or growing), up to `extra_rounds`; with `extra_rounds_stop_at_aim`, only the samples still
+above the rounds' aim take them. On the CPU, `fast_kernels` picks the memory format and the
+kernel of the pixel gradient (see Kernels). Everything is a function of the settings and the
 seed: deterministic on one device type.
 """
 
@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 # median that lands just under the line in one batch can sit on it in the whole set.
 EXTRA_ROUNDS_AIM = 0.9
 CACHE_FORMAT = "iri-v3"  # v2: schedules, early stopping, extra rounds; v3: fast kernels,
-# extra rounds stop at the aim
+# extra rounds of one length and optionally stopping at the aim, the median as reported
 
 
 @dataclass
@@ -198,10 +198,10 @@ class _Batch:
 def step_schedule(settings: IRISettings, length: int, round_index: int = 0) -> list[float]:
     """Step sizes of one round. Cosine: large steps cross the noise floor fast, the small ones
     at the end of each cycle settle into a minimum. Cycles restart every cycle_steps in the
-    first round and are twice as long in each extra round (a slower fall settles deeper)."""
+    first round and are extra_round_growth times as long in each extra round."""
     if settings.schedule == "constant":
         return [settings.step_size] * length
-    cycle = min(settings.cycle_steps * 2**round_index, length)
+    cycle = min(settings.cycle_steps * settings.extra_round_growth**round_index, length)
     return [
         settings.step_size * 0.5 * (1 + math.cos(math.pi * (t % cycle) / cycle))
         for t in range(length)
@@ -209,8 +209,14 @@ def step_schedule(settings: IRISettings, length: int, round_index: int = 0) -> l
 
 
 def round_lengths(settings: IRISettings) -> list[int]:
-    """The first round, then the convergence-driven ones, each twice the one before."""
-    return [settings.steps * 2**r for r in range(settings.extra_rounds + 1)]
+    """The first round, then the convergence-driven ones, each extra_round_growth times the
+    one before. Rounds of one cycle each (the default) end where the median is checked: a batch
+    that has converged takes no more steps than it needs, to the cycle (bench/iri_convergence:
+    at a CNN's stage points the first release's doubling rounds took 300-700 steps, equal
+    ones 200-500 to a median no further than the old method's)."""
+    return [
+        settings.steps * settings.extra_round_growth**r for r in range(settings.extra_rounds + 1)
+    ]
 
 
 def _project(x_iri: torch.Tensor, x: torch.Tensor, linf: float | None) -> torch.Tensor:
@@ -325,7 +331,7 @@ class _PixelConvMode(TorchFunctionMode):
 
 
 @dataclass(frozen=True)
-class _Kernels:
+class Kernels:
     """How a step runs (IRISettings.fast_kernels). Channels-last images: oneDNN runs a
     convolutional front up to twice as fast on NHWC on the CPU (a ViT's tokens gain nothing);
     the pixel convolution's gradient from the native kernel (FEW_CHANNELS). Both change only
@@ -335,12 +341,12 @@ class _Kernels:
     pixel_conv_grad: bool = False
 
     @staticmethod
-    def pick(settings: IRISettings, device: torch.device, point_dims: int) -> _Kernels:
+    def pick(settings: IRISettings, device: torch.device, point_dims: int) -> Kernels:
         if not settings.fast_kernels or device.type != "cpu":
             # On GPUs the network takes channels-last inputs itself and bf16 autocast applies.
-            return _Kernels()
+            return Kernels()
         fmt = torch.channels_last if point_dims == 4 else torch.contiguous_format
-        return _Kernels(fmt, pixel_conv_grad=True)
+        return Kernels(fmt, pixel_conv_grad=True)
 
     def images(self, x: torch.Tensor) -> torch.Tensor:
         return x.contiguous(memory_format=self.memory_format)
@@ -353,7 +359,7 @@ def _distance(
     front: Callable[[torch.Tensor], torch.Tensor],
     x_iri: torch.Tensor,
     target: torch.Tensor,
-    kernels: _Kernels,
+    kernels: Kernels,
 ) -> torch.Tensor:
     with autocast(x_iri.device), kernels.mode():
         return per_sample_distance(front(kernels.images(x_iri)).float(), target)
@@ -367,7 +373,7 @@ def _synthesize_batch(
     on_step: Callable[[], None],
 ) -> _Batch:
     with torch.no_grad():
-        kernels = _Kernels.pick(settings, x.device, front(x[:1]).dim())
+        kernels = Kernels.pick(settings, x.device, front(x[:1]).dim())
         # The target from the same kernels as the steps: at x' = x the distance is exactly 0.
         with autocast(x.device), kernels.mode():
             target = front(kernels.images(x)).float()
