@@ -106,7 +106,7 @@ def test_extra_rounds_run_only_while_the_median_is_short_of_the_aim(networks, pi
 def test_extra_rounds_that_stop_at_the_aim_step_only_the_samples_above_it(networks, pixels,
                                                                           banks) -> None:
     net, point = networks["resnet"], "layer2"
-    every = IRISettings(steps=30, extra_rounds=2, stop_below=None,
+    every = IRISettings(steps=30, extra_rounds=6, stop_below=None,
                         extra_rounds_stop_at_aim=False)
     at_aim = every.model_copy(update={"extra_rounds_stop_at_aim": True})
     full, fast = (make(net, point, pixels, banks, s) for s in (every, at_aim))
