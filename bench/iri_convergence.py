@@ -71,7 +71,7 @@ def _run(net: Network, point: str, pixels: Any, settings: IRISettings, device: t
          banks: BankBuilder) -> Outcome:
     front = net.front(point)
     t0 = time.perf_counter()
-    made = synthesize(front, pixels, settings, banks, device, lambda: None)
+    made = synthesize(front, pixels, settings, banks, device, lambda _n: None)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0

@@ -34,7 +34,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -157,6 +157,18 @@ class WorkerRow(Base):
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class PendingCheckRow(Base):
+    """A spec check waiting for its answer. Kept in the job table, not in a gateway process,
+    so the per-key cap on pending checks holds across gateway processes; a row outlives its
+    check's timeout only when its gateway died, and then expires."""
+
+    __tablename__ = "pending_checks"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class Database:
     """An engine plus two session factories: plain reads, and writes that lock up front.
 
@@ -192,14 +204,15 @@ class Database:
         self._lookups = threading.local()
 
     def create_schema(self) -> None:
-        # Several processes start at once (gateway, workers): a lost race to create a table is
-        # fine, the winner created it.
+        # Several processes start at once (gateway processes, workers): a lost race to create
+        # a table is fine, the winner created it. PostgreSQL reports the loser's CREATE TABLE
+        # as a unique violation in its catalogue (pg_type), so that one is retried too.
         for attempt in range(10):
             try:
                 Base.metadata.create_all(self.engine)
                 _add_missing_columns(self.engine)
                 return
-            except (OperationalError, ProgrammingError):
+            except (IntegrityError, OperationalError, ProgrammingError):
                 time.sleep(0.1 * (attempt + 1))
         Base.metadata.create_all(self.engine)
         _add_missing_columns(self.engine)

@@ -21,19 +21,22 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Protocol
 
 from pydantic import ValidationError
+from sqlalchemy import delete, func, select
 from stitchsim import codes
 from stitchsim.datasets import BUILTIN
 from stitchsim.files.header import Header
 from stitchsim.models import Estimate, LocalPath, Spec
 from stitchsim_service.core import jobs, objects
 from stitchsim_service.core.context import Context
+from stitchsim_service.core.db import PendingCheckRow, advisory_lock, utcnow
 from stitchsim_service.core.errors import DomainError, NotFoundError, Unavailable, validation_error
 from stitchsim_service.core.metrics import JOBS_SUBMITTED
 from stitchsim_service.core.objects import StagedFile
@@ -204,38 +207,37 @@ def _check_dataset_ref(ctx: Context, owner: str, ds: str | LocalPath, field: str
         "the id of a dataset you uploaded", field, code="unknown_dataset")
 
 
-class _PendingChecks:
-    """Spec checks each key has waiting in this gateway process. The checks workers take
-    checks in arrival order; without a cap, one key sending many slow specs at once would put
-    them all ahead of another key's, and that key's check would wait out the timeout."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._count: dict[str, int] = {}
-
-    @contextmanager
-    def slot(self, owner: str, limit: int, retry_after: int) -> Iterator[None]:
-        with self._lock:
-            pending = self._count.get(owner, 0)
-            if pending >= limit:
-                raise DomainError(
-                    "too_many_checks",
-                    f"your key has {pending} spec checks pending and the limit is {limit}: "
-                    "wait for your other submissions to be answered, then retry",
-                    {"pending": pending, "limit": limit}, retry_after=retry_after)
-            self._count[owner] = pending + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                left = self._count[owner] - 1
-                if left:
-                    self._count[owner] = left
-                else:
-                    del self._count[owner]
+_PENDING_GRACE_S = 30
+"""How long past its check's timeout a pending check's row stays counted: long enough for a
+late answer, short enough that a dead gateway's rows stop holding the key's slots."""
 
 
-PENDING_CHECKS = _PendingChecks()
+@contextmanager
+def _pending_check(ctx: Context, owner: str) -> Iterator[None]:
+    """A slot among the key's pending spec checks. The checks workers take checks in arrival
+    order; without a cap, one key sending many slow specs at once would put them all ahead
+    of another key's, and that key's check would wait out the timeout. The slots live in the
+    job table, so the cap holds however many gateway processes share it."""
+    settings, now = ctx.settings, utcnow()
+    limit, token = settings.max_pending_checks_per_key, uuid.uuid4().hex
+    with ctx.db.write() as session:
+        advisory_lock(session, f"checks:{owner}")
+        session.execute(delete(PendingCheckRow).where(PendingCheckRow.expires_at < now))
+        pending = session.scalar(select(func.count()).select_from(PendingCheckRow)
+                                 .where(PendingCheckRow.owner == owner)) or 0
+        if pending >= limit:
+            raise DomainError(
+                "too_many_checks",
+                f"your key has {pending} spec checks pending and the limit is {limit}: "
+                "wait for your other submissions to be answered, then retry",
+                {"pending": pending, "limit": limit}, retry_after=settings.check_retry_after_s)
+        expires = now + timedelta(seconds=settings.check_timeout_s + _PENDING_GRACE_S)
+        session.add(PendingCheckRow(id=token, owner=owner, expires_at=expires))
+    try:
+        yield
+    finally:
+        with ctx.db.write() as session:
+            session.execute(delete(PendingCheckRow).where(PendingCheckRow.id == token))
 
 
 def check_spec(ctx: Context, owner: str, spec_doc: dict[str, Any]) -> Estimate | None:
@@ -248,8 +250,7 @@ def check_spec(ctx: Context, owner: str, spec_doc: dict[str, Any]) -> Estimate |
     switched checks off (STITCHSIM_CHECK_TIMEOUT_S=0) queues specs unchecked (no estimate)."""
     assert ctx.queue is not None
     settings = ctx.settings
-    with PENDING_CHECKS.slot(owner, settings.max_pending_checks_per_key,
-                             settings.check_retry_after_s):
+    with _pending_check(ctx, owner):
         outcome = ctx.queue.check_spec(spec_doc, settings.check_timeout_s)
     if outcome.error is not None:
         err = outcome.error

@@ -13,24 +13,24 @@ from typing import Any
 
 from stitchsim.models import Spec
 from stitchsim_worker.engine.iri import round_lengths
-from stitchsim_worker.engine.progress import Plan, Tracker
+from stitchsim_worker.engine.progress import Plan, Tracker, Units
 
 from tests.service.conftest import tiny_spec
 
 
 def test_spans_give_back_unused_work_and_grow_past_their_plan() -> None:
     seen: list[tuple[int, int]] = []
-    t = Tracker(lambda _s, done, total: seen.append((done, total)), None)
+    t = Tracker(lambda _s, done, total, _eta: seen.append((done, total)), None)
     # 40 fixed units and two IRI spans capped at 30 each, expected to take a quarter of it.
-    t.plan(Plan(units=100, elastic=60, expect=0.25))
+    t.plan(Plan(Units(forward=40, iri=60), expect=0.25))
     assert (t.done, t.total) == (0, 40 + 15)
     with t.span(30, weight=3):
         for _ in range(5):  # 15 units, past the 7.5 expected: the total grows with them
             t.step()
             assert t.done < t.total
-    # Half the cap used; with the plan's guess as one more span, (8 + 15) / 60 of the next
-    # span's cap is expected: 12 units.
-    assert (t.done, t.total) == (15, 15 + 40 + 12)
+    # Half the cap used; with the plan's guess as one more span, (7.5 + 15) / 60 of the next
+    # span's cap is expected: 11.25 units.
+    assert (t.done, t.total) == (15, 15 + 40 + 11)
     for _ in range(10):
         t.step()
     with t.span(30, weight=3):  # a cache hit: nothing used, nothing learnt
@@ -54,7 +54,7 @@ def test_iri_extra_rounds_move_the_bar_to_the_end(ckpts: Any, tmp_path: Path) ->
     assert sum(round_lengths(spec.iri)) == 4 + 8 + 16
     calls: list[tuple[str, int, int]] = []
     report = run_job(spec, resources=Resources(cache_dir=tmp_path),
-                     progress=lambda stage, done, total: calls.append((stage, done, total)))
+                     progress=lambda stage, done, total, _eta: calls.append((stage, done, total)))
     assert report.results
     iri_calls = [(d, t) for s, d, t in calls if s.startswith("iri")]
     assert iri_calls and all(d < t for d, t in iri_calls), iri_calls

@@ -83,8 +83,9 @@ def test_the_estimate_counts_iris_at_their_cap_and_expects_less(ckpts, tmp_path)
     a = check_spec(std, resources=Resources(cache_dir=tmp_path))
     b = check_spec(ia, resources=Resources(cache_dir=tmp_path))
     assert a.expected_units == a.units
-    # IRIs: 5 steps, 2 extra rounds: a cap of 5 + 10 + 20 steps of 3 units for the one batch
-    # of 200 training samples, expected at 40 % of it.
-    iri_cap = 3 * 35
+    # IRIs: 5 steps, 2 extra rounds: a cap of 5 + 10 + 20 steps of 3 units a full batch, for
+    # 200 training samples in batches of 256 (a step counts the share of a batch it steps),
+    # expected at 40 % of it.
+    iri_cap = round(3 * 35 * 200 / 256)
     assert b.units - a.units >= iri_cap, (a, b)
     assert b.units - b.expected_units == iri_cap - round(0.4 * iri_cap), (a, b)

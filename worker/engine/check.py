@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from stitchsim.models import Spec
 from stitchsim_worker.engine.context import EVAL_BATCH
+from stitchsim_worker.engine.costs import Sizes
 from stitchsim_worker.engine.data import Dataset, load_dataset
 from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.errors import SpecError
@@ -114,11 +115,12 @@ def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | N
 
 def _check_budget(spec: Spec, n_tr: int, n_te: int, n_pairs: int, limit: int | None) -> Plan:
     """The job's work, counted as its progress plan will count it, against the per-job limit."""
-    plan = job_plan(spec, n_tr, n_te, n_pairs)
+    sizes = Sizes(n_tr, n_te, n_pairs)
+    plan = job_plan(spec, sizes)
     units = plan.units
     if limit is None or units <= limit:
         return plan
-    shrink = what_to_shrink(spec, n_pairs)
+    shrink = what_to_shrink(spec, sizes)
     raise SpecError(
         f"the job would take {units:,} work units (about one batch through a network part "
         f"each), more than the {limit:,} this service allows per job (STITCHSIM_MAX_JOB_UNITS); "
