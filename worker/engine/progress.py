@@ -110,6 +110,11 @@ class _Span:
     weight: float
     marks: Sequence[float]  # the cap's share at the end of each round, ascending
     used: float = 0.0
+    seconds: float = 0.0  # the time its steps took
+
+    def rate(self) -> float | None:
+        """Its seconds per unit, once it has run long enough to tell."""
+        return self.seconds / self.used if self.used >= 1 and self.seconds >= 0.5 else None
 
     def expected(self, expect: float) -> float:
         """Units this span is expected to take in all: the guess; past it, the end of the
@@ -143,6 +148,7 @@ class Tracker:
         self._expect = 1.0  # share of a span's cap it is expected to take
         self._used = self._capped = 0.0  # units finished spans took, and their caps
         self._span: _Span | None = None
+        self._last_span_rate: float | None = None
         self._seconds: dict[str, float] = {}  # time each kind took, past the warm-up
         self._units: dict[str, float] = {}  # and its units
         self._last_step = time.monotonic()
@@ -193,6 +199,8 @@ class Tracker:
         if self.stage != _WARM_UP:
             self._seconds[kind] = self._seconds.get(kind, 0.0) + now - self._last_step
             self._units[kind] = self._units.get(kind, 0.0) + units
+            if self._span is not None:
+                self._span.seconds += now - self._last_step
         self._last_step = now
         self._done += units
         self.done = round(self._done)
@@ -217,7 +225,8 @@ class Tracker:
         try:
             yield
         finally:
-            used = self._span.used
+            used, rate = self._span.used, self._span.rate()
+            self._last_span_rate = rate or self._last_span_rate
             self._span = None
             if used:
                 # The plan's guess counts as one span more: a first shallow stitch point that
@@ -230,9 +239,20 @@ class Tracker:
             self._retotal()
             self._emit(force=True)
 
+    def _expect_now(self) -> float:
+        """The share of their caps the spans not started yet are expected to take: what the
+        finished ones took, and the running one's expected share once it shows more than the
+        guess (a set that needed an extra round says the others will too)."""
+        span = self._span
+        if span is None or span.expected(self._expect) <= self._expect * span.cap:
+            return self._expect
+        used, capped = (self._used, self._capped) if self._capped else (
+            self._expect * span.cap, span.cap)  # the plan's guess as one span
+        return (used + span.expected(self._expect)) / (capped + span.cap)
+
     def _left_by_kind(self) -> dict[str, float]:
         left = {k: v for k, v in self._left.items() if v > 0}
-        elastic = self._elastic_left * self._expect
+        elastic = self._elastic_left * self._expect_now()
         if self._span is not None:
             elastic += max(0.0, self._span.expected(self._expect) - self._span.used)
         if elastic > 0:
@@ -250,6 +270,11 @@ class Tracker:
         seen = {k: self._seconds[k] / u for k, u in self._units.items() if u > 0}
         if not seen:
             return None
+        # IRIs run shallow stitch points first and a deeper front part costs more a step: the
+        # latest set's pace, not the average, is the one the sets to come will keep.
+        latest = (self._span.rate() if self._span is not None else None) or self._last_span_rate
+        if latest is not None:
+            seen[ELASTIC] = latest
         # One second of prior-weighted work at this job's pace, from every kind seen.
         pace = sum(self._seconds.values()) / sum(
             u * PRIOR_SECONDS[k] for k, u in self._units.items())  # type: ignore[index]
