@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from stitchsim.models import Spec
 from stitchsim_worker.engine.iri import round_lengths
-from stitchsim_worker.engine.progress import Plan, Tracker, Units
+from stitchsim_worker.engine.progress import PRIOR_SECONDS, Plan, Tracker, Units
 
 from tests.service.conftest import tiny_spec
 
@@ -61,3 +62,54 @@ def test_iri_extra_rounds_move_the_bar_to_the_end(ckpts: Any, tmp_path: Path) ->
     assert all(d <= t for _, d, t in calls)
     # Only the end stands at 100 %.
     assert [s for s, d, t in calls if t and d == t] == ["done"], calls[-5:]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_each_kind_of_work_is_timed_at_its_own_pace() -> None:
+    clock, etas = _Clock(), []
+    t = Tracker(lambda _s, _d, _t, eta: etas.append(eta), None, clock=clock)
+    t.plan(Plan(Units(forward=10, train=40)))
+    t.enter("prepare")
+    clock.now += 5.0  # the warm-up: slow, and not taken as the pace
+    t.step()
+    t.enter("stitch a")
+    for _ in range(4):  # a batch through both models: 1 s
+        clock.now += 1.0
+        t.step()
+    # Training not seen yet: at its prior share of the pace seen (PRIOR_SECONDS).
+    assert t.eta_s() == 5 * 1.0 + 40 * PRIOR_SECONDS["train"] / PRIOR_SECONDS["forward"]
+    t.enter("train a")
+    for _ in range(20):  # a training step: 0.1 s, whatever extraction cost
+        clock.now += 0.1
+        t.step(kind="train")
+    assert t.eta_s() == 5 * 1.0 + 20 * 0.1
+    t.finish()
+    assert etas[-1] == 0.0
+
+
+def test_an_iri_set_past_its_first_round_expects_every_round() -> None:
+    clock = _Clock()
+    t = Tracker(None, None, clock=clock)
+    # Two IRI sets capped at 70 units each, rounds ending at 1/7, 3/7 and all of the cap;
+    # expected to take 0.4 of it.
+    t.plan(Plan(Units(forward=10, iri=140), expect=0.4))
+    t.enter("iri a")
+    assert t.total == 10 + 56
+    with t.span(70, weight=1, marks=[1 / 7, 3 / 7, 1.0]):
+        for _ in range(10):  # the first round: 10 of 70
+            clock.now += 1.0
+            t.step()
+        assert t.total == 10 + 56  # nothing seen yet says more than the guess
+        clock.now += 1.0
+        t.step()  # into the second round: this set takes its cap, and the next one
+        # expects (0.4 + 1) / 2 of its own, the guess counting as one set.
+        assert t.total == 11 + (70 - 11) + 10 + round(0.7 * 70)
+        forward_pace = PRIOR_SECONDS["forward"] / PRIOR_SECONDS["iri"]  # not seen yet
+        assert t.eta_s() == pytest.approx((70 - 11) + 0.7 * 70 + 10 * forward_pace, abs=0.05)

@@ -132,8 +132,10 @@ class _Span:
 
 
 class Tracker:
-    def __init__(self, fn: ProgressFn | None, should_cancel: CancelFn | None):
+    def __init__(self, fn: ProgressFn | None, should_cancel: CancelFn | None,
+                 clock: Callable[[], float] = time.monotonic):
         self._fn = fn
+        self._clock = clock
         self.should_cancel: CancelFn = should_cancel or (lambda: False)
         self.stage = "starting"
         self.done = 0
@@ -151,7 +153,7 @@ class Tracker:
         self._last_span_rate: float | None = None
         self._seconds: dict[str, float] = {}  # time each kind took, past the warm-up
         self._units: dict[str, float] = {}  # and its units
-        self._last_step = time.monotonic()
+        self._last_step = clock()
 
     def focus(self, **details: str | None) -> None:
         """What the job is working on inside the stage (stitch point, protocol, objective):
@@ -189,7 +191,7 @@ class Tracker:
 
     def step(self, units: float = 1, kind: Kind = "forward") -> None:
         self.check_cancel()
-        now = time.monotonic()
+        now = self._clock()
         if self._span is not None:
             kind = ELASTIC
             units *= self._span.weight
@@ -235,7 +237,7 @@ class Tracker:
                     self._used, self._capped = self._expect * cap, float(cap)
                 self._used, self._capped = self._used + used, self._capped + cap
                 self._expect = self._used / self._capped
-            self._last_step = time.monotonic()
+            self._last_step = self._clock()
             self._retotal()
             self._emit(force=True)
 
@@ -298,7 +300,7 @@ class Tracker:
         self._stage_started = now
 
     def _emit(self, force: bool = False) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if self._fn is not None and (force or now - self._last >= _MIN_INTERVAL_S):
             self._last = now
             self._fn(self.stage, self.done, self.total, self.eta_s() if self.total else None)
