@@ -21,22 +21,18 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Protocol
 
 from pydantic import ValidationError
-from sqlalchemy import delete, func, select
 from stitchsim import codes
 from stitchsim.datasets import BUILTIN
 from stitchsim.files.header import Header
 from stitchsim.models import Estimate, LocalPath, Spec
-from stitchsim_service.core import jobs, objects
+from stitchsim_service.core import jobs, objects, quotas
 from stitchsim_service.core.context import Context
-from stitchsim_service.core.db import PendingCheckRow, advisory_lock, utcnow
 from stitchsim_service.core.errors import DomainError, NotFoundError, Unavailable, validation_error
 from stitchsim_service.core.metrics import JOBS_SUBMITTED
 from stitchsim_service.core.objects import StagedFile
@@ -207,37 +203,15 @@ def _check_dataset_ref(ctx: Context, owner: str, ds: str | LocalPath, field: str
         "the id of a dataset you uploaded", field, code="unknown_dataset")
 
 
-_PENDING_GRACE_S = 30
-"""How long past its check's timeout a pending check's row stays counted: long enough for a
-late answer, short enough that a dead gateway's rows stop holding the key's slots."""
-
-
 @contextmanager
 def _pending_check(ctx: Context, owner: str) -> Iterator[None]:
-    """A slot among the key's pending spec checks. The checks workers take checks in arrival
-    order; without a cap, one key sending many slow specs at once would put them all ahead
-    of another key's, and that key's check would wait out the timeout. The slots live in the
-    job table, so the cap holds however many gateway processes share it."""
-    settings, now = ctx.settings, utcnow()
-    limit, token = settings.max_pending_checks_per_key, uuid.uuid4().hex
     with ctx.db.write() as session:
-        advisory_lock(session, f"checks:{owner}")
-        session.execute(delete(PendingCheckRow).where(PendingCheckRow.expires_at < now))
-        pending = session.scalar(select(func.count()).select_from(PendingCheckRow)
-                                 .where(PendingCheckRow.owner == owner)) or 0
-        if pending >= limit:
-            raise DomainError(
-                "too_many_checks",
-                f"your key has {pending} spec checks pending and the limit is {limit}: "
-                "wait for your other submissions to be answered, then retry",
-                {"pending": pending, "limit": limit}, retry_after=settings.check_retry_after_s)
-        expires = now + timedelta(seconds=settings.check_timeout_s + _PENDING_GRACE_S)
-        session.add(PendingCheckRow(id=token, owner=owner, expires_at=expires))
+        token = quotas.take_check_slot(session, ctx.settings, owner)
     try:
         yield
     finally:
         with ctx.db.write() as session:
-            session.execute(delete(PendingCheckRow).where(PendingCheckRow.id == token))
+            quotas.free_check_slot(session, token)
 
 
 def check_spec(ctx: Context, owner: str, spec_doc: dict[str, Any]) -> Estimate | None:

@@ -1,6 +1,7 @@
 """The progress plan covers IRI extra rounds: planned at their cap, steps beyond a span's plan
 grow it, and what a span did not need leaves the plan, so the bar never stands at 100 % while
-the job still runs and never passes it; the ETA's rate counts only work done.
+the job still runs and never passes it; the ETA's rate counts only work done, each kind of
+work at its own pace.
 
 A real job (in-process, IRIs with extra rounds and early stopping) and the tracker's
 arithmetic on its own.
