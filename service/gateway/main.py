@@ -34,12 +34,14 @@ log = logging.getLogger("stitchsim.service")
 
 class GatewayApp(FastAPI):
     """The FastAPI app, with status polls answered before its middleware stack when they
-    can be (jobs.StatusPolls: a poll is most of the traffic, the stack most of its cost)."""
+    can be (jobs.StatusPolls: a poll is most of the traffic, the stack most of its cost).
+    The HTTP protocol (edge.GuardedProtocol) finds status_polls here and answers most polls
+    before they even reach the app."""
 
-    _polls = jobs.StatusPolls()
+    status_polls = jobs.StatusPolls()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and await self._polls.answer(
+        if scope["type"] == "http" and await self.status_polls.answer(
                 getattr(self.state, "ctx", None), scope, send):
             return
         await super().__call__(scope, receive, send)
@@ -54,6 +56,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # after uvicorn has configured its loggers.
         for name in ("uvicorn.access", log.name):
             logging.getLogger(name).addFilter(REDACT_KEYS)
+        if not settings.access_log_polls:
+            logging.getLogger("uvicorn.access").addFilter(jobs.QUIET_POLLS)
         ctx = Context.open(settings, with_queue=True)
         settings.tmp_dir.mkdir(parents=True, exist_ok=True)
         # Partial uploads of gateways that died mid-upload (this data dir may be shared).
