@@ -440,6 +440,150 @@ async def app(scope, receive, send):
 """
 
 
+_RAW_FLOOR = """
+import asyncio, hashlib, os, queue, sys, threading
+
+import uvloop
+
+BODY = b'{"id": "x"}' * 150
+POLL = (b"HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\ncontent-length: %d\\r\\n"
+        b"\\r\\n" % len(BODY)) + BODY
+DONE = b"HTTP/1.1 200 OK\\r\\ncontent-length: 0\\r\\nconnection: close\\r\\n\\r\\n"
+SPOOL = sys.argv[2]
+
+
+class Stage:
+    # One thread applying fn to 4 MB pieces, as the gateway's spool does (a bounded queue).
+    def __init__(self, fn):
+        self.q = queue.Queue(4)
+        self.t = threading.Thread(target=self.run, args=(fn,))
+        self.t.start()
+
+    def run(self, fn):
+        while (piece := self.q.get()) is not None:
+            fn(piece)
+
+
+class Protocol(asyncio.Protocol):
+    # Keep-alive GETs get a fixed body; a POST's body (Content-Length) is received, and to
+    # /drop dropped, to /hash hashed (SHA-256) and written to a file in two threads.
+    def connection_made(self, transport):
+        self.t, self.buf, self.left = transport, b"", None
+
+    def data_received(self, data):
+        if self.left is None:
+            self.buf += data
+            while self.left is None and b"\\r\\n\\r\\n" in self.buf:
+                head, _, self.buf = self.buf.partition(b"\\r\\n\\r\\n")
+                if not head.startswith(b"POST"):
+                    self.t.write(POLL)
+                    continue
+                self.left = next(int(ln[15:]) for ln in head.split(b"\\r\\n")
+                                 if ln.lower().startswith(b"content-length:"))
+                self.sink = head.split(b" ")[1] == b"/hash"
+                if self.sink:
+                    self.h, self.fd = hashlib.sha256(), os.open(SPOOL, os.O_WRONLY | os.O_CREAT)
+                    self.stages = [Stage(lambda p: [self.h.update(c) for c in p]),
+                                   Stage(lambda p: os.writev(self.fd, p))]
+                    self.pending, self.n = [], 0
+            if self.left is None:
+                return
+            data, self.buf = self.buf, b""
+        self.left -= len(data)
+        if self.sink and data:
+            self.pending.append(data)
+            self.n += len(data)
+            if self.n >= 4 << 20 or not self.left:
+                for st in self.stages:
+                    st.q.put(self.pending)
+                self.pending, self.n = [], 0
+        if not self.left:
+            if self.sink:
+                for st in self.stages:
+                    st.q.put(None)
+                    st.t.join()
+                os.close(self.fd)
+                os.unlink(SPOOL)
+            self.t.write(DONE)
+            self.t.close()
+
+
+async def main():
+    server = await asyncio.get_running_loop().create_server(Protocol, "127.0.0.1",
+                                                            int(sys.argv[1]))
+    await server.serve_forever()
+
+
+uvloop.run(main())
+"""
+
+
+def run_raw_floor(work: Path, port: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The same loads against a raw asyncio protocol on uvloop (no HTTP library, no ASGI):
+    what the socket, the loop and, for uploads, SHA-256 plus the file writes cost here, so
+    each floor can be told from uvicorn's and from ours."""
+    d = work / "raw"
+    d.mkdir()
+    (d / "raw_floor.py").write_text(_RAW_FLOOR)
+    gw = Gateway("raw asyncio", port, d, dict(os.environ))
+    log = open(d / "serve.log", "ab")  # noqa: SIM115 (closed with the process)
+    gw.proc = subprocess.Popen([sys.executable, str(d / "raw_floor.py"), str(port),
+                                str(d / "spool")], stdout=log, stderr=log,
+                               start_new_session=True)
+    log.close()
+    try:
+        _wait_up(gw)
+        gw.job_id, gw.key = "0" * 32, "none"
+        out = {"name": gw.name, "open": _run(_open_loop(gw, args.clients, args.rate,
+                                                         args.seconds)),
+               "sat": _run(_closed_loop(gw, args.sat_conns, args.sat_seconds))}
+        if args.size_mb:
+            out["drop"] = bench_upload(gw, work, args.size_mb, salt=8, path="/drop",
+                                       expect="200")
+            out["hash"] = bench_upload(gw, work, args.size_mb, salt=9, path="/hash",
+                                       expect="200")
+        return out
+    finally:
+        gw.stop()
+
+
+def sha256_alone(work: Path, size_mb: int) -> dict[str, float]:
+    """SHA-256 of a file in the page cache, in 4 MB reads on one thread, beside a copy of it:
+    the ceiling of any upload that hashes its bytes on one core (the content id is the
+    file's SHA-256, one sequential pass)."""
+    import hashlib
+
+    src = work / "hash-alone.safetensors"
+    size = make_big_checkpoint(src, size_mb, salt=11)
+    buf = bytearray(4 << 20)
+    with open(src, "rb", buffering=0) as fh:
+        while fh.readinto(buf):
+            pass
+        fh.seek(0)
+        h = hashlib.sha256()
+        t = time.perf_counter()
+        while n := fh.readinto(buf):
+            h.update(memoryview(buf)[:n])
+        hash_s = time.perf_counter() - t
+    t = time.perf_counter()
+    shutil.copyfile(src, work / "copy-dst.safetensors")
+    copy_s = time.perf_counter() - t
+    (work / "copy-dst.safetensors").unlink()
+    src.unlink()
+    return {"hash_mb_s": size / hash_s / 1e6, "copy_mb_s": size / copy_s / 1e6}
+
+
+def _wait_up(gw: Gateway) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(gw.url + "/", timeout=2).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(gw.log())
+        time.sleep(0.2)
+
+
 def run_floor(work: Path, port: int, args: argparse.Namespace) -> dict[str, Any]:
     """The same loads against a bare ASGI app on uvicorn (httptools, uvloop, no access log):
     what one request costs on this machine before any code of ours runs."""
@@ -454,14 +598,7 @@ def run_floor(work: Path, port: int, args: argparse.Namespace) -> dict[str, Any]
                                stdout=log, stderr=log, start_new_session=True)
     log.close()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(gw.url + "/", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(gw.log())
-            time.sleep(0.2)
+        _wait_up(gw)
         gw.job_id, gw.key = "0" * 32, "none"
         out = {"name": gw.name, "open": _run(_open_loop(gw, args.clients, args.rate,
                                                          args.seconds)),
@@ -509,6 +646,8 @@ def main() -> int:
                                        args.port_base, args))
         results.append(run_variant("after (this tree)", None, work, args.port_base + 10, args))
         floor = run_floor(work, args.port_base + 20, args) if args.floor else None
+        raw = run_raw_floor(work, args.port_base + 21, args) if args.floor else None
+        alone = sha256_alone(work, args.size_mb) if args.floor and args.size_mb else None
 
     print(f"\n== gateway speed: {args.clients} clients x {args.rate:g} polls/s open loop, "
           f"{args.seconds:g} s; saturation {args.sat_conns} connections, {args.sat_seconds:g} s; "
@@ -540,11 +679,21 @@ def main() -> int:
                   f"MB/s; against the copy just before each: x{u['vs_copy']:.2f}; gateway RSS "
                   f"+{u['rss_growth_mb']:.0f} MB; gateway CPU per GB: user "
                   f"{u['user_s_per_gb']:.2f} s, kernel {u['sys_s_per_gb']:.2f} s)")
-        if floor is not None and "upload" in floor:
-            u = floor["upload"]
-            print(f"  {'context: ' + floor['name']:24s} x{u['upload_mb_s'] / copy:.2f}  "
-                  f"({u['upload_mb_s']:.0f} MB/s, body received and dropped; CPU per GB: "
+        contexts = []
+        if floor is not None:
+            contexts.append((floor["name"], floor["upload"], "body received and dropped"))
+        if raw is not None:
+            contexts.append((raw["name"], raw["drop"], "body received and dropped"))
+            contexts.append((raw["name"], raw["hash"], "SHA-256 and file writes in two "
+                                                       "threads, as ours"))
+        for name, u, what in contexts:
+            print(f"  {'context: ' + name:24s} x{u['upload_mb_s'] / copy:.2f}  "
+                  f"({u['upload_mb_s']:.0f} MB/s, {what}; CPU per GB: "
                   f"user {u['user_s_per_gb']:.2f} s, kernel {u['sys_s_per_gb']:.2f} s)")
+        if alone is not None:
+            print(f"  {'context: SHA-256 alone':24s} x{alone['hash_mb_s'] / copy:.2f}  "
+                  f"({alone['hash_mb_s']:.0f} MB/s on one thread from the page cache; a copy "
+                  f"made just after: {alone['copy_mb_s']:.0f} MB/s)")
     for r in results:
         print(f"-- {r['name']}")
         print("  " + _poll_line("open loop ", r["open"]))
@@ -557,10 +706,13 @@ def main() -> int:
             print("    " + _poll_line("open loop ", m))
             print("    " + _poll_line("saturation", ms) + f"; per process "
                   f"{ms.requests / ms.seconds / args.gateway_workers:.0f} req/s")
-    if floor is not None:
-        print(f"-- context: {floor['name']} (a bare ASGI app, no code of ours)")
-        print("  " + _poll_line("open loop ", floor["open"]))
-        fs = floor["sat"]
+    for ctx, what in ((floor, "a bare ASGI app, no code of ours"),
+                      (raw, "a raw asyncio protocol on uvloop: no HTTP library, no ASGI")):
+        if ctx is None:
+            continue
+        print(f"-- context: {ctx['name']} ({what})")
+        print("  " + _poll_line("open loop ", ctx["open"]))
+        fs = ctx["sat"]
         print("  " + _poll_line("saturation", fs)
               + f"; one busy process: {1000 / fs.cpu_ms_per_req:.0f} req/s")
     if args.json:
