@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from fastapi import Depends, Request
@@ -208,6 +209,21 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
 # ---------------------------------------------------------------- bodies
 
 
+if sys.version_info >= (3, 11):
+
+    async def _within(awaitable: Awaitable[Message], seconds: float) -> Message:
+        """awaitable's result, or TimeoutError after seconds. A body arrives in thousands of
+        pieces: asyncio.timeout arms one timer on the running task, where wait_for would wrap
+        every receive in a task of its own."""
+        async with asyncio.timeout(seconds):
+            return await awaitable
+
+else:  # pragma: no cover (Python 3.10)
+
+    async def _within(awaitable: Awaitable[Message], seconds: float) -> Message:
+        return await asyncio.wait_for(awaitable, seconds)
+
+
 def _body_timeout(message: str) -> HTTPException:
     # An HTTP exception, not a domain error: it must pass unchanged through FastAPI's own body
     # parsing (which turns other exceptions into 400) and through the upload receiver (which
@@ -232,7 +248,7 @@ class BodyTimeoutMiddleware(HTTPMiddleware):
             if state["done"]:  # after the body: waiting for a disconnect is not reading
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), idle_s)
+                message = await _within(receive(), idle_s)
             except TimeoutError:
                 raise _body_timeout(f"no part of the request body arrived for {idle_s:.0f} s "
                                     "(STITCHSIM_BODY_READ_TIMEOUT_S)") from None
