@@ -84,6 +84,7 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
         super().connection_made(transport)
         self._settings: Settings = get_settings()
         self._header_timer: asyncio.TimerHandle | None = None
+        self._header_deadline: float | None = None
         self._waiting_cycle: Any = None
         self._gateway_app = _status_polls(self.app)
         limit = self._settings.max_connections
@@ -97,19 +98,23 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
             return
         self._arm_header_timer()
 
+    # One timer per connection, moved by a deadline rather than re-armed: a keep-alive poller
+    # sends a request every second or so, and a timer cancelled and made anew for each cost
+    # it more than the deadline's two attribute writes.
+
     def _arm_header_timer(self) -> None:
         self._waiting_cycle = self.cycle  # headers are complete once a new cycle exists
-        self._header_timer = self.loop.call_later(self._settings.header_timeout_s,
-                                                  self._headers_too_slow)
+        self._header_deadline = self.loop.time() + self._settings.header_timeout_s
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_at(self._header_deadline, self._header_check)
 
-    def _cancel_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def _headers_too_slow(self) -> None:
+    def _header_check(self) -> None:
         self._header_timer = None
-        if self.transport.is_closing():
+        deadline = self._header_deadline
+        if deadline is None or self.transport.is_closing():
+            return
+        if self.loop.time() < deadline:  # the deadline moved since this timer was set
+            self._header_timer = self.loop.call_at(deadline, self._header_check)
             return
         client = self.client[0] if self.client else "?"
         log.info("client %s: no complete request headers within %.0f s; closed with 408",
@@ -121,13 +126,12 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self._header_timer is not None and self.cycle is not self._waiting_cycle:
-            self._cancel_header_timer()
+        if self._header_deadline is not None and self.cycle is not self._waiting_cycle:
+            self._header_deadline = None
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():
-            self._cancel_header_timer()
             self._arm_header_timer()  # the next request on this connection gets its own
 
     # ---------------------------------------------------------------- status polls
@@ -201,8 +205,10 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
         return cls._headers_bytes
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if getattr(self, "_settings", None) is not None:
-            self._cancel_header_timer()
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._header_timer = None
         super().connection_lost(exc)
 
 
