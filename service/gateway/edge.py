@@ -67,11 +67,12 @@ _NOT_A_PLAIN_POLL = frozenset((b"content-length", b"transfer-encoding", b"expect
 
 
 def _status_polls(app: Any) -> Any:
-    """The gateway app under uvicorn's wrappers (proxy headers, message logger) with its
-    StatusPolls, or None: the protocol then only guards, never answers."""
+    """The StatusPolls of the gateway app under uvicorn's wrappers (proxy headers, message
+    logger), or None: the protocol then only guards, never answers."""
     for _ in range(8):
-        if getattr(app, "status_polls", None) is not None:
-            return app
+        polls = getattr(app, "status_polls", None)
+        if polls is not None:
+            return polls
         app = getattr(app, "app", None)
     return None
 
@@ -86,7 +87,7 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
         self._header_timer: asyncio.TimerHandle | None = None
         self._header_deadline: float | None = None
         self._waiting_cycle: Any = None
-        self._gateway_app = _status_polls(self.app)
+        self._polls = _status_polls(self.app)
         limit = self._settings.max_connections
         if len(self.connections) > limit:
             log.warning("connection refused: %d open connections (STITCHSIM_MAX_CONNECTIONS)",
@@ -156,16 +157,16 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
         the body) stay StatusPolls'. Only HTTP/1.1 keep-alive GETs of /jobs/{32 chars} with
         no body, no query and no proxy headers, on a connection with no request in flight
         (pipelining keeps its order) and a client reading its answers."""
-        app = self._gateway_app
+        polls = self._polls
         url = self.url
-        if (app is None or len(url) != _POLL_URL_LEN or not url.startswith(_POLL_PATH)
+        if (polls is None or len(url) != _POLL_URL_LEN or not url.startswith(_POLL_PATH)
                 or self.parser.get_method() != b"GET"
                 or (self.cycle is not None and not self.cycle.response_complete)
                 or self.flow.write_paused or self.limit_concurrency is not None
                 or self.parser.get_http_version() != "1.1"
                 or not self.parser.should_keep_alive() or self.parser.should_upgrade()):
             return False
-        ctx = getattr(app.state, "ctx", None)
+        ctx = polls.ctx
         if ctx is None or not ctx.db.nonblocking_lookups:
             return False
         for name, _ in self.headers:
@@ -173,7 +174,6 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
                 return False
         start = time.perf_counter()
         key = key_from_headers(self.headers)
-        polls = app.status_polls
         # No client address: the keyless local case (and its loopback rule) is the app's.
         body = polls.answer_now(ctx, url[len(_POLL_PATH):].decode("ascii", "replace"), key,
                                 None)

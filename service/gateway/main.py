@@ -6,6 +6,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import stitchsim
 from fastapi import FastAPI
@@ -38,11 +39,12 @@ class GatewayApp(FastAPI):
     The HTTP protocol (edge.GuardedProtocol) finds status_polls here and answers most polls
     before they even reach the app."""
 
-    status_polls = jobs.StatusPolls()
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.status_polls = jobs.StatusPolls()  # its ctx is set once the app has started
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and await self.status_polls.answer(
-                getattr(self.state, "ctx", None), scope, send):
+        if scope["type"] == "http" and await self.status_polls.answer(scope, send):
             return
         await super().__call__(scope, receive, send)
 
@@ -63,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Partial uploads of gateways that died mid-upload (this data dir may be shared).
         remove_orphaned_uploads(settings.tmp_dir)
         app.state.ctx = ctx
+        app.status_polls.ctx = ctx  # type: ignore[attr-defined]
         COLLECTOR.ctx = ctx
         reaper = Reaper(ctx)
         reaper.start()
@@ -77,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            app.status_polls.ctx = None  # type: ignore[attr-defined]
             reaper.stop()
 
     app = GatewayApp(

@@ -126,6 +126,7 @@ class StatusPolls:
     _MAX_BODIES = 4096  # jobs whose rendered body is kept; beyond it the cache starts afresh
 
     def __init__(self) -> None:
+        self.ctx: Context | None = None  # the app's, once started
         self._count = REQUESTS.labels("GET", self.ROUTE, "200")
         self._latency = LATENCY.labels("GET", self.ROUTE)
         # job id -> (raw row, its owner, the body rendered from it); read and written on the
@@ -137,8 +138,9 @@ class StatusPolls:
         self._count.inc()
         self._latency.observe(time.perf_counter() - start)
 
-    async def answer(self, ctx: Context | None, scope: Scope, send: Send) -> bool:
+    async def answer(self, scope: Scope, send: Send) -> bool:
         """True when the poll was answered here; False: pass it on, nothing was sent."""
+        ctx = self.ctx
         path = scope["path"]
         if (len(path) != 38 or scope["method"] != "GET" or not path.startswith(_PREFIX)
                 or scope.get("query_string") or ctx is None):
