@@ -167,7 +167,7 @@ class StatusPolls:
         ctx.db.nonblocking_lookups), or None: the route decides. On the event loop."""
         if not is_job_id(job_id):
             return None
-        owner = cached_owner(ctx.settings, key, client)
+        owner = cached_owner(ctx, key, client)
         if owner is None:
             return None
         table = JobRow.__table__
@@ -194,7 +194,7 @@ class StatusPolls:
 
     async def _threaded_body(self, ctx: Context, job_id: str, key: str | None,
                              client: str | None) -> bytes | None:
-        owner = cached_owner(ctx.settings, key, client)
+        owner = cached_owner(ctx, key, client)
         if owner is None or not is_job_id(job_id):
             return None
         try:
