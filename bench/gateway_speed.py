@@ -1,7 +1,8 @@
 """Gateway speed before/after in one run: status polls (open loop, gateway CPU per poll,
 saturation throughput per gateway process) and uploads against a plain file copy.
 
-    python bench/gateway_speed.py [--baseline main] [--clients 50] [--rate 2] [--seconds 20]
+    python bench/gateway_speed.py [--baseline main] [--clients 50] [--rate 2] [--keys 1]
+                                  [--seconds 20]
                                   [--size-mb 500] [--gateway-workers 2] [--port-base 8700]
 
 "before" is the code of --baseline (a git ref of this repository, unpacked to a temp dir and
@@ -94,6 +95,8 @@ class Gateway:
     key: str = ""
     owner: str = ""
     job_id: str = ""
+    # (key, job id) of each poller identity: the seeded key first, then any of seed_keys().
+    pollers: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -163,6 +166,33 @@ class Gateway:
         r = httpx.get(f"{self.url}/jobs/{self.job_id}", timeout=10,
                       headers={"Authorization": f"Bearer {self.key}"})
         assert r.status_code == 200, r.text
+        self.pollers = [(self.key, self.job_id)]
+
+    def seed_keys(self, n: int) -> None:
+        """n - 1 more keys, each owning a copy of the seeded job (as n users, each polling
+        their own job with their own key)."""
+        import secrets
+
+        from sqlalchemy import create_engine, text
+        from stitchsim_service.core.keys import KEY_PREFIX, hash_key
+
+        engine = create_engine(f"sqlite:///{self.data / 'stitchsim.db'}")
+        with engine.begin() as conn:
+            job = dict(conn.execute(text("SELECT * FROM jobs WHERE id = :id"),
+                                    {"id": self.job_id}).mappings().one())
+            cols = ", ".join(job)
+            marks = ", ".join(":" + c for c in job)
+            for i in range(1, n):
+                key = KEY_PREFIX + secrets.token_urlsafe(32)
+                owner, job_id = f"k_bench{i:09d}", f"{i:032x}"
+                conn.execute(text("INSERT INTO api_keys (id, name, key_hash, created_at) "
+                                  "VALUES (:id, :name, :hash, :at)"),
+                             {"id": owner, "name": f"bench{i}", "hash": hash_key(key),
+                              "at": job["created_at"]})
+                conn.execute(text(f"INSERT INTO jobs ({cols}) VALUES ({marks})"),
+                             {**job, "id": job_id, "owner": owner})
+                self.pollers.append((key, job_id))
+        engine.dispose()
 
     def pids(self) -> list[int]:
         assert self.proc is not None
@@ -237,9 +267,10 @@ class Conn:
         self.writer.close()
 
 
-def _request(gw: Gateway) -> bytes:
-    return (f"GET /jobs/{gw.job_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Authorization: Bearer {gw.key}\r\n\r\n").encode()
+def _request(gw: Gateway, i: int = 0) -> bytes:
+    key, job_id = gw.pollers[i % len(gw.pollers)] if gw.pollers else (gw.key, gw.job_id)
+    return (f"GET /jobs/{job_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {key}\r\n\r\n").encode()
 
 
 @dataclass
@@ -266,7 +297,7 @@ class PollFigures:
 
 
 async def _open_loop(gw: Gateway, clients: int, rate: float, seconds: float) -> PollFigures:
-    conns = [Conn(_request(gw)) for _ in range(clients)]
+    conns = [Conn(_request(gw, i)) for i in range(clients)]
     for c in conns:
         await c.open(gw.port)
     for c in conns:  # warm: every connection once, outside the measurement
@@ -304,7 +335,7 @@ async def _drive(gw: Gateway, conns: list[Conn], client: Callable[[Conn], Awaita
 
 
 async def _closed_loop(gw: Gateway, conns_n: int, seconds: float) -> PollFigures:
-    conns = [Conn(_request(gw)) for _ in range(conns_n)]
+    conns = [Conn(_request(gw, i)) for i in range(conns_n)]
     for c in conns:
         await c.open(gw.port)
         await c.get()
@@ -411,6 +442,7 @@ def run_variant(name: str, pythonpath: Path | None, work: Path, port: int,
     gw.start()
     try:
         gw.seed()
+        gw.seed_keys(args.keys)
         res["idle_ms_s"] = idle_cpu_ms_s(gw, args.idle_seconds)
         res["open"] = _run(_open_loop(gw, args.clients, args.rate, args.seconds))
         res["sat"] = _run(_closed_loop(gw, args.sat_conns, args.sat_seconds))
@@ -429,6 +461,7 @@ def run_variant(name: str, pythonpath: Path | None, work: Path, port: int,
         gw2.start(args.gateway_workers)
         try:
             gw2.seed()
+            gw2.seed_keys(args.keys)
             res["multi_open"] = _run(_open_loop(gw2, args.clients, args.rate, args.seconds))
             res["multi_sat"] = _run(_closed_loop(gw2, args.sat_conns, args.sat_seconds))
         finally:
@@ -639,6 +672,9 @@ def main() -> int:
     ap.add_argument("--baseline", default=None, help="git ref for 'before' (e.g. main)")
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--rate", type=float, default=2.0, help="polls per second per client")
+    ap.add_argument("--keys", type=int, default=1,
+                    help="API keys the clients poll with, each its own job (clients share "
+                         "them round-robin; 1: every client the one key)")
     ap.add_argument("--seconds", type=float, default=20.0)
     ap.add_argument("--idle-seconds", type=float, default=10.0,
                     help="idle gateway CPU measured over this long, before the polls")
@@ -667,7 +703,8 @@ def main() -> int:
         raw = run_raw_floor(work, args.port_base + 21, args) if args.floor else None
         alone = sha256_alone(work, args.size_mb) if args.floor and args.size_mb else None
 
-    print(f"\n== gateway speed: {args.clients} clients x {args.rate:g} polls/s open loop, "
+    print(f"\n== gateway speed: {args.clients} clients x {args.rate:g} polls/s open loop "
+          f"({args.keys} key{'s' if args.keys > 1 else ''}), "
           f"{args.seconds:g} s; saturation {args.sat_conns} connections, {args.sat_seconds:g} s; "
           f"cores {os.cpu_count()}")
     if len(results) == 2:
