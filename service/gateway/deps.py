@@ -68,8 +68,11 @@ class _KeyCache:
         """Read key again in the background if its entry is past REFRESH_AT of its TTL (and no
         read of it is under way); the caller goes on with the entry it has."""
         hit = self._items.get(key)
-        if (hit is None or time.monotonic() - hit[0] <= self.TTL_S * self.REFRESH_AT
-                or key in self._refreshing):
+        if (
+            hit is None
+            or time.monotonic() - hit[0] <= self.TTL_S * self.REFRESH_AT
+            or key in self._refreshing
+        ):
             return
         with self._lock:
             if key in self._refreshing:
