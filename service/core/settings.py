@@ -115,6 +115,10 @@ class Settings(BaseSettings):
     gateway_workers: int = Field(
         default=1, ge=1, le=64, description="gateway processes serving the one port "
         "(uvicorn workers); they share only the job table and the store")
+    access_log_polls: bool = Field(
+        default=False, description="write an access line for each answered status poll "
+        "(200 to GET /jobs/{id}); off, polls are only counted in /metrics: they are most of "
+        "the traffic, and the line costs a gateway more CPU than the answer")
     max_connections: int = Field(
         default=500, ge=1, description="open connections per gateway process; beyond, new "
         "ones get 503 with Retry-After and are closed")
