@@ -1,9 +1,10 @@
 """How close the running ETA comes to the truth: jobs run in-process (no HTTP, no Celery) with
-the worker's own ETA (runner.EtaClock) fed by the engine's progress; at each
+the engine's own ETA (the one the worker publishes) from its progress calls; at each
 checkpoint of progress (10 %, 25 %, 50 %, 75 %) the ETA shown is compared with the time the job
 then really took to finish.
 
-    python bench/eta_accuracy.py [--jobs tiny,standard,iri,controls,demo] [--arch test_resnet]
+    python bench/eta_accuracy.py [--jobs tiny,standard,iri,controls,adversarial,measures,demo]
+                                 [--arch test_resnet]
 
 Prints one line per job and checkpoint: ETA, true remaining seconds, their ratio (1.0 is
 exact; the promise is within 0.5-2), and the job's work units (the per-job budget's count);
@@ -33,7 +34,6 @@ from stitchsim_service.core.settings import Settings  # noqa: E402
 from stitchsim_worker.engine import Resources, check_spec, run_job  # noqa: E402
 from stitchsim_worker.engine.zoo import make_checkpoint  # noqa: E402
 from stitchsim_worker.run_command import train_demo_models  # noqa: E402
-from stitchsim_worker.runner import EtaClock  # noqa: E402
 
 from tests.service.helpers import TINY_SPEC  # noqa: E402
 
@@ -48,6 +48,11 @@ JOBS: dict[str, dict[str, Any]] = {
             "train": {"epochs": 2, "max_train_samples": 300, "seed": 0}, "iri": {"steps": 40}},
     "controls": {**TINY_SPEC, "controls": ["clustered_noise", "identity"],
                  "train": {"epochs": 3, "max_train_samples": 400, "seed": 0}},
+    "adversarial": {**TINY_SPEC, "protocols": ["standard", "adversarial"],
+                    "adversarial": {"evaluate": True, "steps": 3},
+                    "train": {"epochs": 2, "max_train_samples": 300, "seed": 0}},
+    "measures": {**TINY_SPEC, "measures": ["cka", "mutual_knn"], "layers": "auto",
+                 "train": {"epochs": 2, "max_train_samples": 300, "seed": 0}},
     "demo": json.loads((ROOT / "examples" / "demo-spec.json").read_text()),
 }
 
@@ -59,6 +64,7 @@ class Stats:
         self.full_at: float | None = None  # when done reached total before the end
         self.seconds = 0.0
         self.by_stage: dict[str, list[float]] = {}  # stage kind -> [seconds, units]
+        self.unit_seconds: dict[str, float] = {}  # the engine's seconds a unit, by kind
 
 
 def measure(spec: Spec, cache: Path) -> tuple[list[tuple[float, float, float]], Stats]:
@@ -69,9 +75,7 @@ def measure(spec: Spec, cache: Path) -> tuple[list[tuple[float, float, float]], 
     st = Stats()
     last = [0, t0]  # done, when it last moved
     prev: list[Any] = ["", 0, t0]  # stage, done, when: the figures the next call charges to
-    clock = EtaClock()  # the worker's own ETA
-
-    def progress(stage: str, done: int, total: int) -> None:
+    def progress(stage: str, done: int, total: int, eta: float | None) -> None:
         now = time.monotonic()
         kind = prev[0].split(" ")[0]
         acc = st.by_stage.setdefault(kind, [0.0, 0.0])
@@ -81,7 +85,6 @@ def measure(spec: Spec, cache: Path) -> tuple[list[tuple[float, float, float]], 
         st.units = total
         if not total:
             return
-        eta = clock.eta(stage, done, total, now)
         if not planned:
             planned.append(now)
         if done != last[0]:
@@ -93,7 +96,8 @@ def measure(spec: Spec, cache: Path) -> tuple[list[tuple[float, float, float]], 
         while len(seen) < len(MARKS) and MARKS[len(seen)] <= frac < 1.0:
             seen.append((frac, eta if eta is not None else float("nan"), now - t0))
 
-    run_job(spec, resources=Resources(cache_dir=cache), progress=progress)
+    report = run_job(spec, resources=Resources(cache_dir=cache), progress=progress)
+    st.unit_seconds = report.environment["unit_seconds"]
     end = time.monotonic() - t0
     st.stall_s = max(st.stall_s, time.monotonic() - last[1])
     st.seconds = end - (planned[0] - t0 if planned else 0.0)
@@ -137,6 +141,8 @@ def main() -> int:
                   f"{checked.expected_units} expected, {checked.expected_units * spu:.1f} s at "
                   f"{spu:g} s a unit; took {st.seconds:.1f} s, ratio "
                   f"{checked.expected_units * spu / st.seconds:.2f}", flush=True)
+            print(f"{name:9s} by kind of unit: " + ", ".join(
+                f"{k} {v:.4f} s" for k, v in st.unit_seconds.items()), flush=True)
             print(f"{name:9s} by stage: " + ", ".join(
                 f"{k} {sec:.1f} s / {u:.0f} units = {sec / u:.4f}" if u else f"{k} {sec:.1f} s"
                 for k, (sec, u) in st.by_stage.items() if k and sec > 0.05), flush=True)

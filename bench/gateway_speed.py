@@ -1,7 +1,8 @@
 """Gateway speed before/after in one run: status polls (open loop, gateway CPU per poll,
 saturation throughput per gateway process) and uploads against a plain file copy.
 
-    python bench/gateway_speed.py [--baseline main] [--clients 50] [--rate 2] [--seconds 20]
+    python bench/gateway_speed.py [--baseline main] [--clients 50] [--rate 2] [--keys 1]
+                                  [--seconds 20]
                                   [--size-mb 500] [--gateway-workers 2] [--port-base 8700]
 
 "before" is the code of --baseline (a git ref of this repository, unpacked to a temp dir and
@@ -13,6 +14,8 @@ Polls are an open loop: each client owns one keep-alive connection and sends at 
 (rate per second, random phase); a request's latency runs from its scheduled time, so a stall
 shows in every request it delays (no coordinated omission). Gateway CPU is the utime+stime of
 the gateway process and its children (uvicorn workers) over the phase, divided by requests.
+The gateway's CPU with no requests at all, over --idle-seconds just before, is printed beside
+the open loop's, with the per-poll figure net of it (context; the gross figure is the goal's).
 Saturation: closed-loop connections sending back to back; req/s and CPU per request. The
 client is a raw-socket HTTP/1.1 client, so its own cost stays small beside the gateway's; on a
 machine with few cores it still competes for them, so saturation req/s is a floor, and
@@ -21,6 +24,11 @@ machine with few cores it still competes for them, so saturation req/s is a floo
 Uploads: a valid safetensors file of --size-mb, sent raw (curl -T, streaming) to
 POST /checkpoints, timed beside shutil.copyfile of the same size on the same disk; gateway
 peak RSS growth during the upload shows whether memory is flat in the file size.
+
+Context, no code of ours: a bare ASGI app on uvicorn (polls; uploads received and dropped), a
+raw asyncio protocol on uvloop (polls; uploads dropped, and hashed and written in two threads
+as the gateway does), and SHA-256 alone over the file from the page cache: the floors of the
+HTTP library, of the socket, and of the hash every upload must compute.
 """
 
 from __future__ import annotations
@@ -87,6 +95,8 @@ class Gateway:
     key: str = ""
     owner: str = ""
     job_id: str = ""
+    # (key, job id) of each poller identity: the seeded key first, then any of seed_keys().
+    pollers: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -156,6 +166,33 @@ class Gateway:
         r = httpx.get(f"{self.url}/jobs/{self.job_id}", timeout=10,
                       headers={"Authorization": f"Bearer {self.key}"})
         assert r.status_code == 200, r.text
+        self.pollers = [(self.key, self.job_id)]
+
+    def seed_keys(self, n: int) -> None:
+        """n - 1 more keys, each owning a copy of the seeded job (as n users, each polling
+        their own job with their own key)."""
+        import secrets
+
+        from sqlalchemy import create_engine, text
+        from stitchsim_service.core.keys import KEY_PREFIX, hash_key
+
+        engine = create_engine(f"sqlite:///{self.data / 'stitchsim.db'}")
+        with engine.begin() as conn:
+            job = dict(conn.execute(text("SELECT * FROM jobs WHERE id = :id"),
+                                    {"id": self.job_id}).mappings().one())
+            cols = ", ".join(job)
+            marks = ", ".join(":" + c for c in job)
+            for i in range(1, n):
+                key = KEY_PREFIX + secrets.token_urlsafe(32)
+                owner, job_id = f"k_bench{i:09d}", f"{i:032x}"
+                conn.execute(text("INSERT INTO api_keys (id, name, key_hash, created_at) "
+                                  "VALUES (:id, :name, :hash, :at)"),
+                             {"id": owner, "name": f"bench{i}", "hash": hash_key(key),
+                              "at": job["created_at"]})
+                conn.execute(text(f"INSERT INTO jobs ({cols}) VALUES ({marks})"),
+                             {**job, "id": job_id, "owner": owner})
+                self.pollers.append((key, job_id))
+        engine.dispose()
 
     def pids(self) -> list[int]:
         assert self.proc is not None
@@ -170,6 +207,14 @@ class Gateway:
                 fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
                 out[pid] = (int(fields[11]) / tick, int(fields[12]) / tick)
         return out
+
+
+def idle_cpu_ms_s(gw: Gateway, seconds: float) -> float:
+    """The gateway's CPU per second with no request at all (its timers and threads): the
+    part of an open-loop poll's CPU that does not depend on polls."""
+    cpu0 = gw.cpu_s()
+    time.sleep(seconds)
+    return sum(_cpu_delta(cpu0, gw.cpu_s())) / seconds * 1000
 
 
 def _descendants(pid: int) -> list[int]:
@@ -222,9 +267,10 @@ class Conn:
         self.writer.close()
 
 
-def _request(gw: Gateway) -> bytes:
-    return (f"GET /jobs/{gw.job_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Authorization: Bearer {gw.key}\r\n\r\n").encode()
+def _request(gw: Gateway, i: int = 0) -> bytes:
+    key, job_id = gw.pollers[i % len(gw.pollers)] if gw.pollers else (gw.key, gw.job_id)
+    return (f"GET /jobs/{job_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {key}\r\n\r\n").encode()
 
 
 @dataclass
@@ -251,7 +297,7 @@ class PollFigures:
 
 
 async def _open_loop(gw: Gateway, clients: int, rate: float, seconds: float) -> PollFigures:
-    conns = [Conn(_request(gw)) for _ in range(clients)]
+    conns = [Conn(_request(gw, i)) for i in range(clients)]
     for c in conns:
         await c.open(gw.port)
     for c in conns:  # warm: every connection once, outside the measurement
@@ -289,7 +335,7 @@ async def _drive(gw: Gateway, conns: list[Conn], client: Callable[[Conn], Awaita
 
 
 async def _closed_loop(gw: Gateway, conns_n: int, seconds: float) -> PollFigures:
-    conns = [Conn(_request(gw)) for _ in range(conns_n)]
+    conns = [Conn(_request(gw, i)) for i in range(conns_n)]
     for c in conns:
         await c.open(gw.port)
         await c.get()
@@ -396,6 +442,8 @@ def run_variant(name: str, pythonpath: Path | None, work: Path, port: int,
     gw.start()
     try:
         gw.seed()
+        gw.seed_keys(args.keys)
+        res["idle_ms_s"] = idle_cpu_ms_s(gw, args.idle_seconds)
         res["open"] = _run(_open_loop(gw, args.clients, args.rate, args.seconds))
         res["sat"] = _run(_closed_loop(gw, args.sat_conns, args.sat_seconds))
         if args.size_mb:
@@ -413,6 +461,7 @@ def run_variant(name: str, pythonpath: Path | None, work: Path, port: int,
         gw2.start(args.gateway_workers)
         try:
             gw2.seed()
+            gw2.seed_keys(args.keys)
             res["multi_open"] = _run(_open_loop(gw2, args.clients, args.rate, args.seconds))
             res["multi_sat"] = _run(_closed_loop(gw2, args.sat_conns, args.sat_seconds))
         finally:
@@ -440,6 +489,150 @@ async def app(scope, receive, send):
 """
 
 
+_RAW_FLOOR = """
+import asyncio, hashlib, os, queue, sys, threading
+
+import uvloop
+
+BODY = b'{"id": "x"}' * 150
+POLL = (b"HTTP/1.1 200 OK\\r\\ncontent-type: application/json\\r\\ncontent-length: %d\\r\\n"
+        b"\\r\\n" % len(BODY)) + BODY
+DONE = b"HTTP/1.1 200 OK\\r\\ncontent-length: 0\\r\\nconnection: close\\r\\n\\r\\n"
+SPOOL = sys.argv[2]
+
+
+class Stage:
+    # One thread applying fn to 4 MB pieces, as the gateway's spool does (a bounded queue).
+    def __init__(self, fn):
+        self.q = queue.Queue(4)
+        self.t = threading.Thread(target=self.run, args=(fn,))
+        self.t.start()
+
+    def run(self, fn):
+        while (piece := self.q.get()) is not None:
+            fn(piece)
+
+
+class Protocol(asyncio.Protocol):
+    # Keep-alive GETs get a fixed body; a POST's body (Content-Length) is received, and to
+    # /drop dropped, to /hash hashed (SHA-256) and written to a file in two threads.
+    def connection_made(self, transport):
+        self.t, self.buf, self.left = transport, b"", None
+
+    def data_received(self, data):
+        if self.left is None:
+            self.buf += data
+            while self.left is None and b"\\r\\n\\r\\n" in self.buf:
+                head, _, self.buf = self.buf.partition(b"\\r\\n\\r\\n")
+                if not head.startswith(b"POST"):
+                    self.t.write(POLL)
+                    continue
+                self.left = next(int(ln[15:]) for ln in head.split(b"\\r\\n")
+                                 if ln.lower().startswith(b"content-length:"))
+                self.sink = head.split(b" ")[1] == b"/hash"
+                if self.sink:
+                    self.h, self.fd = hashlib.sha256(), os.open(SPOOL, os.O_WRONLY | os.O_CREAT)
+                    self.stages = [Stage(lambda p: [self.h.update(c) for c in p]),
+                                   Stage(lambda p: os.writev(self.fd, p))]
+                    self.pending, self.n = [], 0
+            if self.left is None:
+                return
+            data, self.buf = self.buf, b""
+        self.left -= len(data)
+        if self.sink and data:
+            self.pending.append(data)
+            self.n += len(data)
+            if self.n >= 4 << 20 or not self.left:
+                for st in self.stages:
+                    st.q.put(self.pending)
+                self.pending, self.n = [], 0
+        if not self.left:
+            if self.sink:
+                for st in self.stages:
+                    st.q.put(None)
+                    st.t.join()
+                os.close(self.fd)
+                os.unlink(SPOOL)
+            self.t.write(DONE)
+            self.t.close()
+
+
+async def main():
+    server = await asyncio.get_running_loop().create_server(Protocol, "127.0.0.1",
+                                                            int(sys.argv[1]))
+    await server.serve_forever()
+
+
+uvloop.run(main())
+"""
+
+
+def run_raw_floor(work: Path, port: int, args: argparse.Namespace) -> dict[str, Any]:
+    """The same loads against a raw asyncio protocol on uvloop (no HTTP library, no ASGI):
+    what the socket, the loop and, for uploads, SHA-256 plus the file writes cost here, so
+    each floor can be told from uvicorn's and from ours."""
+    d = work / "raw"
+    d.mkdir()
+    (d / "raw_floor.py").write_text(_RAW_FLOOR)
+    gw = Gateway("raw asyncio", port, d, dict(os.environ))
+    log = open(d / "serve.log", "ab")  # noqa: SIM115 (closed with the process)
+    gw.proc = subprocess.Popen([sys.executable, str(d / "raw_floor.py"), str(port),
+                                str(d / "spool")], stdout=log, stderr=log,
+                               start_new_session=True)
+    log.close()
+    try:
+        _wait_up(gw)
+        gw.job_id, gw.key = "0" * 32, "none"
+        out = {"name": gw.name, "open": _run(_open_loop(gw, args.clients, args.rate,
+                                                         args.seconds)),
+               "sat": _run(_closed_loop(gw, args.sat_conns, args.sat_seconds))}
+        if args.size_mb:
+            out["drop"] = bench_upload(gw, work, args.size_mb, salt=8, path="/drop",
+                                       expect="200")
+            out["hash"] = bench_upload(gw, work, args.size_mb, salt=9, path="/hash",
+                                       expect="200")
+        return out
+    finally:
+        gw.stop()
+
+
+def sha256_alone(work: Path, size_mb: int) -> dict[str, float]:
+    """SHA-256 of a file in the page cache, in 4 MB reads on one thread, beside a copy of it:
+    the ceiling of any upload that hashes its bytes on one core (the content id is the
+    file's SHA-256, one sequential pass)."""
+    import hashlib
+
+    src = work / "hash-alone.safetensors"
+    size = make_big_checkpoint(src, size_mb, salt=11)
+    buf = bytearray(4 << 20)
+    with open(src, "rb", buffering=0) as fh:
+        while fh.readinto(buf):
+            pass
+        fh.seek(0)
+        h = hashlib.sha256()
+        t = time.perf_counter()
+        while n := fh.readinto(buf):
+            h.update(memoryview(buf)[:n])
+        hash_s = time.perf_counter() - t
+    t = time.perf_counter()
+    shutil.copyfile(src, work / "copy-dst.safetensors")
+    copy_s = time.perf_counter() - t
+    (work / "copy-dst.safetensors").unlink()
+    src.unlink()
+    return {"hash_mb_s": size / hash_s / 1e6, "copy_mb_s": size / copy_s / 1e6}
+
+
+def _wait_up(gw: Gateway) -> None:
+    deadline = time.monotonic() + 30
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(gw.url + "/", timeout=2).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(gw.log())
+        time.sleep(0.2)
+
+
 def run_floor(work: Path, port: int, args: argparse.Namespace) -> dict[str, Any]:
     """The same loads against a bare ASGI app on uvicorn (httptools, uvloop, no access log):
     what one request costs on this machine before any code of ours runs."""
@@ -454,14 +647,7 @@ def run_floor(work: Path, port: int, args: argparse.Namespace) -> dict[str, Any]
                                stdout=log, stderr=log, start_new_session=True)
     log.close()
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(gw.url + "/", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise RuntimeError(gw.log())
-            time.sleep(0.2)
+        _wait_up(gw)
         gw.job_id, gw.key = "0" * 32, "none"
         out = {"name": gw.name, "open": _run(_open_loop(gw, args.clients, args.rate,
                                                          args.seconds)),
@@ -486,7 +672,12 @@ def main() -> int:
     ap.add_argument("--baseline", default=None, help="git ref for 'before' (e.g. main)")
     ap.add_argument("--clients", type=int, default=50)
     ap.add_argument("--rate", type=float, default=2.0, help="polls per second per client")
+    ap.add_argument("--keys", type=int, default=1,
+                    help="API keys the clients poll with, each its own job (clients share "
+                         "them round-robin; 1: every client the one key)")
     ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--idle-seconds", type=float, default=10.0,
+                    help="idle gateway CPU measured over this long, before the polls")
     ap.add_argument("--sat-conns", type=int, default=16)
     ap.add_argument("--sat-seconds", type=float, default=8.0)
     ap.add_argument("--size-mb", type=int, default=500, help="0: no upload bench")
@@ -509,8 +700,11 @@ def main() -> int:
                                        args.port_base, args))
         results.append(run_variant("after (this tree)", None, work, args.port_base + 10, args))
         floor = run_floor(work, args.port_base + 20, args) if args.floor else None
+        raw = run_raw_floor(work, args.port_base + 21, args) if args.floor else None
+        alone = sha256_alone(work, args.size_mb) if args.floor and args.size_mb else None
 
-    print(f"\n== gateway speed: {args.clients} clients x {args.rate:g} polls/s open loop, "
+    print(f"\n== gateway speed: {args.clients} clients x {args.rate:g} polls/s open loop "
+          f"({args.keys} key{'s' if args.keys > 1 else ''}), "
           f"{args.seconds:g} s; saturation {args.sat_conns} connections, {args.sat_seconds:g} s; "
           f"cores {os.cpu_count()}")
     if len(results) == 2:
@@ -540,14 +734,29 @@ def main() -> int:
                   f"MB/s; against the copy just before each: x{u['vs_copy']:.2f}; gateway RSS "
                   f"+{u['rss_growth_mb']:.0f} MB; gateway CPU per GB: user "
                   f"{u['user_s_per_gb']:.2f} s, kernel {u['sys_s_per_gb']:.2f} s)")
-        if floor is not None and "upload" in floor:
-            u = floor["upload"]
-            print(f"  {'context: ' + floor['name']:24s} x{u['upload_mb_s'] / copy:.2f}  "
-                  f"({u['upload_mb_s']:.0f} MB/s, body received and dropped; CPU per GB: "
+        contexts = []
+        if floor is not None:
+            contexts.append((floor["name"], floor["upload"], "body received and dropped"))
+        if raw is not None:
+            contexts.append((raw["name"], raw["drop"], "body received and dropped"))
+            contexts.append((raw["name"], raw["hash"], "SHA-256 and file writes in two "
+                                                       "threads, as ours"))
+        for name, u, what in contexts:
+            print(f"  {'context: ' + name:24s} x{u['upload_mb_s'] / copy:.2f}  "
+                  f"({u['upload_mb_s']:.0f} MB/s, {what}; CPU per GB: "
                   f"user {u['user_s_per_gb']:.2f} s, kernel {u['sys_s_per_gb']:.2f} s)")
+        if alone is not None:
+            print(f"  {'context: SHA-256 alone':24s} x{alone['hash_mb_s'] / copy:.2f}  "
+                  f"({alone['hash_mb_s']:.0f} MB/s on one thread from the page cache; a copy "
+                  f"made just after: {alone['copy_mb_s']:.0f} MB/s)")
     for r in results:
         print(f"-- {r['name']}")
         print("  " + _poll_line("open loop ", r["open"]))
+        o = r["open"]
+        idle_per_poll = r["idle_ms_s"] / (o.requests / o.seconds)
+        print(f"  idle gateway: {r['idle_ms_s']:.1f} ms CPU/s, {idle_per_poll:.3f} ms of each "
+              f"open-loop poll; net of it {o.cpu_ms_per_req - idle_per_poll:.3f} ms/poll (the "
+              "goal is judged on the gross figure above)")
         s = r["sat"]
         print("  " + _poll_line("saturation", s)
               + f"; one busy process: {1000 / s.cpu_ms_per_req:.0f} req/s")
@@ -557,10 +766,13 @@ def main() -> int:
             print("    " + _poll_line("open loop ", m))
             print("    " + _poll_line("saturation", ms) + f"; per process "
                   f"{ms.requests / ms.seconds / args.gateway_workers:.0f} req/s")
-    if floor is not None:
-        print(f"-- context: {floor['name']} (a bare ASGI app, no code of ours)")
-        print("  " + _poll_line("open loop ", floor["open"]))
-        fs = floor["sat"]
+    for ctx, what in ((floor, "a bare ASGI app, no code of ours"),
+                      (raw, "a raw asyncio protocol on uvloop: no HTTP library, no ASGI")):
+        if ctx is None:
+            continue
+        print(f"-- context: {ctx['name']} ({what})")
+        print("  " + _poll_line("open loop ", ctx["open"]))
+        fs = ctx["sat"]
         print("  " + _poll_line("saturation", fs)
               + f"; one busy process: {1000 / fs.cpu_ms_per_req:.0f} req/s")
     if args.json:

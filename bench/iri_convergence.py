@@ -88,7 +88,7 @@ def _run(
 ) -> Outcome:
     front = net.front(point)
     t0, c0 = time.perf_counter(), time.process_time()
-    made = synthesize(front, pixels, settings, banks, device, lambda: None)
+    made = synthesize(front, pixels, settings, banks, device, lambda _n: None)
     if device.type == "cuda":
         torch.cuda.synchronize()
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0

@@ -89,7 +89,7 @@ def main() -> None:
         floor = args.steps * args.batch_size / (time.perf_counter() - t0)
 
         t0 = time.perf_counter()
-        made = synthesize(front, pixels, settings, banks, device, lambda: None)
+        made = synthesize(front, pixels, settings, banks, device, lambda _n: None)
         if device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - t0

@@ -80,7 +80,7 @@ def main() -> None:
     for point in args.points.split(","):
         t0 = time.perf_counter()
         made = synthesize(f.front(point), _bank(x), settings, BankBuilder(2**32),
-                          torch.device("cpu"), lambda: None)
+                          torch.device("cpu"), lambda _n: None)
         iris = made.images.all()
         with torch.no_grad():
             front_agrees = float(agreement_per_sample(f.logits(iris), real_f).mean())

@@ -65,7 +65,7 @@ def run_demo_job(workdir: Path, finding: str) -> Report:
                      workdir / f"{pair['back']}.safetensors", pair["dataset"])
     last = [0.0]
 
-    def progress(stage: str, done: int, total: int) -> None:
+    def progress(stage: str, done: int, total: int, _eta: float | None) -> None:
         if time.monotonic() - last[0] > 5 or done == total:  # a line every few seconds
             last[0] = time.monotonic()
             print(f"{stage}: {done}/{total}", flush=True)

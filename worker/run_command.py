@@ -65,10 +65,13 @@ class _Bar:
 
         self._bar = tqdm(total=0, unit="batch", disable=not enabled, dynamic_ncols=True)
 
-    def __call__(self, stage: str, done: int, total: int) -> None:
+    def __call__(self, stage: str, done: int, total: int, eta_s: float | None) -> None:
         if self._bar.total != total:
             self._bar.total = total
         self._bar.set_description(stage[:48], refresh=False)
+        # tqdm's own remaining time reads all units at one pace; the engine's knows better.
+        if eta_s is not None:
+            self._bar.set_postfix_str(f"ETA {eta_s:.0f} s", refresh=False)
         self._bar.update(done - self._bar.n)
 
     def close(self) -> None:

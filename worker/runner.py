@@ -88,45 +88,6 @@ def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
     return {"estimate": estimate_of(ctx, checked.units, checked.expected_units)}
 
 
-def eta_seconds(elapsed: float, done: int, total: int) -> float | None:
-    """The engine counts done/total over the whole job, so the ETA is the job's rate so far.
-    `elapsed` runs from when the plan was made: preparation (loading, measuring the
-    preprocessing) is not in the units, and charging it to them overstated early ETAs 3-7x
-    (bench/eta_accuracy.py)."""
-    if 0 < done < total:
-        return round(elapsed / done * (total - done), 1)
-    if total and done >= total:
-        return 0.0
-    return None
-
-
-class EtaClock:
-    """The running ETA of one attempt: the rate over the units done since the plan, and once
-    the job has left its first stage, over the units done since then. The first stage's units
-    (the test split through both models, right after loading) carry the first batches'
-    warm-up and ran 4-8x slower per unit than the rest (bench/eta_accuracy.py)."""
-
-    def __init__(self) -> None:
-        self._start: tuple[float, int] | None = None  # when the plan was made, done then
-        self._rebased: tuple[float, int] | None = None  # when the first stage ended
-        self._first = ""
-
-    def eta(self, stage: str, done: int, total: int, now: float) -> float | None:
-        kind = stage.split(" ")[0]
-        if self._start is None:
-            if not total:
-                return None
-            self._start, self._first = (now, done), kind
-        if self._rebased is None and kind not in (self._first, "done"):
-            self._rebased = (now, done)
-        if self._rebased is not None:
-            t0, d0 = self._rebased
-            if done - d0 > 0 and now - t0 >= 0.5:
-                return eta_seconds(now - t0, done - d0, total - d0)
-        t0, d0 = self._start
-        return eta_seconds(now - t0, done - d0, total - d0)
-
-
 class _Tracker:
     """Heartbeat thread + progress + cancel flag for one attempt."""
 
@@ -137,7 +98,6 @@ class _Tracker:
         self._lock = threading.Lock()
         self._progress = Progress(stage="starting")
         self._dirty = True
-        self._clock = EtaClock()
         self._cancel = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stitchsim-heartbeat",
@@ -150,12 +110,10 @@ class _Tracker:
         self._stop.set()
         self._thread.join(timeout=10)
 
-    def progress(self, stage: str, done: int, total: int) -> None:
-        now = time.monotonic()
+    def progress(self, stage: str, done: int, total: int, eta_s: float | None) -> None:
         with self._lock:
             changed = stage != self._progress.stage
-            eta = self._clock.eta(stage, done, total, now)
-            self._progress = Progress(stage=stage, done=done, total=total, eta_s=eta)
+            self._progress = Progress(stage=stage, done=done, total=total, eta_s=eta_s)
             self._dirty = True
         if changed:
             self._flush()

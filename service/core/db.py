@@ -34,7 +34,7 @@ from sqlalchemy import (
     text,
 )
 from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -157,6 +157,18 @@ class WorkerRow(Base):
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
 
 
+class PendingCheckRow(Base):
+    """A spec check waiting for its answer. Kept in the job table, not in a gateway process,
+    so the per-key cap on pending checks holds across gateway processes; a row outlives its
+    check's timeout only when its gateway died, and then expires."""
+
+    __tablename__ = "pending_checks"
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime())
+
+
 class Database:
     """An engine plus two session factories: plain reads, and writes that lock up front.
 
@@ -192,14 +204,15 @@ class Database:
         self._lookups = threading.local()
 
     def create_schema(self) -> None:
-        # Several processes start at once (gateway, workers): a lost race to create a table is
-        # fine, the winner created it.
+        # Several processes start at once (gateway processes, workers): a lost race to create
+        # a table is fine, the winner created it. PostgreSQL reports the loser's CREATE TABLE
+        # as a unique violation in its catalogue (pg_type), so that one is retried too.
         for attempt in range(10):
             try:
                 Base.metadata.create_all(self.engine)
                 _add_missing_columns(self.engine)
                 return
-            except (OperationalError, ProgrammingError):
+            except (IntegrityError, OperationalError, ProgrammingError):
                 time.sleep(0.1 * (attempt + 1))
         Base.metadata.create_all(self.engine)
         _add_missing_columns(self.engine)
@@ -225,24 +238,35 @@ class Database:
         SQLAlchemy's types convert it (attribute access like an ORM row), or None.
 
         The hottest read (status polls): no ORM session, no identity map, no pool checkout.
-        On SQLite a raw connection per thread in autocommit mode, so each lookup is its own
-        snapshot (sees every commit of any process: nothing stale to expire) and holds no
-        transaction between calls; busy_timeout 0, so on an event loop a lookup never waits
-        (sqlite3.OperationalError instead, for the caller to retry the threaded way).
-        Elsewhere a Core select on a pooled connection."""
+        On SQLite it is lookup_raw's row, converted (see there); elsewhere a Core select on a
+        pooled connection."""
         if not self.nonblocking_lookups:
             with self.engine.connect() as conn:
                 return conn.execute(_pk_select(table), {"key": key}).first()
+        raw = self.lookup_raw(table, key)
+        return None if raw is None else self.row_of(table, raw)
+
+    def lookup_raw(self, table: Table, key: str) -> tuple[Any, ...] | None:
+        """SQLite only (nonblocking_lookups): the row as the driver returns it, every column in
+        table order, unconverted; for a caller that can tell from it alone that nothing changed
+        since its last look (row_of converts it). A raw connection per thread in autocommit
+        mode, so each lookup is its own snapshot (sees every commit of any process: nothing
+        stale to expire) and holds no transaction between calls; busy_timeout 0, so on an
+        event loop a lookup never waits (sqlite3.OperationalError instead, for the caller to
+        retry the threaded way)."""
         conn = getattr(self._lookups, "conn", None)
         if conn is None or self._lookups.pid != os.getpid():
             # timeout 0: busy_timeout 0. Only SELECTs run on it.
             conn = sqlite3.connect(self._sqlite_path, timeout=0, isolation_level=None,
                                    check_same_thread=False)
             self._lookups.conn, self._lookups.pid = conn, os.getpid()
-        sql, convert, row_type = _raw_pk_select(table, self.engine.dialect)
-        raw = conn.execute(sql, (key,)).fetchone()
-        if raw is None:
-            return None
+        raw: tuple[Any, ...] | None = conn.execute(_raw_pk_select(table, self.engine.dialect)[0],
+                                                   (key,)).fetchone()
+        return raw
+
+    def row_of(self, table: Table, raw: tuple[Any, ...]) -> Any:
+        """A row of lookup_raw with every column as SQLAlchemy's types convert it."""
+        _, convert, row_type = _raw_pk_select(table, self.engine.dialect)
         return row_type(*[f(v) if f is not None and v is not None else v
                           for f, v in zip(convert, raw, strict=True)])
 

@@ -1,6 +1,6 @@
 """Per-key quotas: jobs queued or running at once (too_many_jobs), their estimated work
 (compute_quota_exceeded: the units the spec check counted, summed over the key's queued and
-running jobs), bytes stored (quota_exceeded).
+running jobs), bytes stored (quota_exceeded), spec checks waiting (too_many_checks).
 
 Limits come from the settings, overridden per key by `stitchsim-server keys limits`. Every
 check runs inside the write transaction that adds the job or the object, after taking a lock
@@ -9,12 +9,22 @@ on the owner, so that concurrent requests of one key cannot overshoot a limit to
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 from stitchsim.models import ACTIVE_STATES, Usage
-from stitchsim_service.core.db import JobRow, KeyLimitsRow, ObjectRow, OwnershipRow, advisory_lock
+from stitchsim_service.core.db import (
+    JobRow,
+    KeyLimitsRow,
+    ObjectRow,
+    OwnershipRow,
+    PendingCheckRow,
+    advisory_lock,
+    utcnow,
+)
 from stitchsim_service.core.errors import DomainError
 from stitchsim_service.core.settings import Settings
 
@@ -83,12 +93,17 @@ def check_job_slot(session: Session, settings: Settings, owner: str) -> None:
     """too_many_jobs when the owner already has as many active jobs as allowed."""
     limit = limits_for(session, settings, owner).max_active_jobs
     active = active_jobs(session, owner)
-    if active >= limit:
-        raise DomainError(
-            "too_many_jobs",
-            f"you have {active} jobs queued or running and the limit for your key is {limit}; "
-            "wait for some to finish (or cancel them with DELETE /jobs/{id}), then retry",
-            {"active": active, "limit": limit}, retry_after=settings.quota_retry_after_s)
+    _refuse_when_full(
+        "too_many_jobs", "active", active, limit, settings.quota_retry_after_s,
+        f"you have {active} jobs queued or running and the limit for your key is {limit}; "
+        "wait for some to finish (or cancel them with DELETE /jobs/{id}), then retry")
+
+
+def _refuse_when_full(code: str, name: str, held: int, limit: int, retry_after: int,
+                      message: str) -> None:
+    """`code` with Retry-After once the owner holds `limit` of something already."""
+    if held >= limit:
+        raise DomainError(code, message, {name: held, "limit": limit}, retry_after=retry_after)
 
 
 def check_compute(session: Session, settings: Settings, owner: str, adding: int) -> None:
@@ -112,6 +127,35 @@ def check_compute(session: Session, settings: Settings, owner: str, adding: int)
         {"active_units": in_use, "adding_units": adding, "limit_units": limit,
          "seconds_per_unit": spu},
         retry_after=settings.quota_retry_after_s)
+
+
+PENDING_GRACE_S = 30
+"""How long past its check's timeout a pending check's slot stays counted: long enough for a
+late answer, short enough that a dead gateway's slots stop holding the key's."""
+
+
+def take_check_slot(session: Session, settings: Settings, owner: str) -> str:
+    """One of the owner's slots for spec checks waiting at once (too_many_checks beyond), kept
+    in the job table so that the cap holds across gateway processes; returns its token for
+    free_check_slot. The checks workers take checks in arrival order: without a cap, one key
+    sending many slow specs at once would put them all ahead of another key's."""
+    advisory_lock(session, f"checks:{owner}")
+    now, limit = utcnow(), settings.max_pending_checks_per_key
+    session.execute(delete(PendingCheckRow).where(PendingCheckRow.expires_at < now))
+    pending = int(session.scalar(select(func.count()).select_from(PendingCheckRow).where(
+        PendingCheckRow.owner == owner)) or 0)
+    _refuse_when_full(
+        "too_many_checks", "pending", pending, limit, settings.check_retry_after_s,
+        f"your key has {pending} spec checks pending and the limit is {limit}: wait for your "
+        "other submissions to be answered, then retry")
+    token = uuid.uuid4().hex
+    expires = now + timedelta(seconds=settings.check_timeout_s + PENDING_GRACE_S)
+    session.add(PendingCheckRow(id=token, owner=owner, expires_at=expires))
+    return token
+
+
+def free_check_slot(session: Session, token: str) -> None:
+    session.execute(delete(PendingCheckRow).where(PendingCheckRow.id == token))
 
 
 def check_storage(session: Session, settings: Settings, owner: str, adding: int) -> None:

@@ -84,9 +84,9 @@ class Settings(BaseSettings):
         "of the process that runs spec checks: a spec that gets past the estimates still "
         "cannot take the host's memory")
     max_pending_checks_per_key: int = Field(
-        default=2, ge=1, description="spec checks one key may have waiting at once per gateway "
-        "process (429 too_many_checks beyond): one key's slow specs cannot fill the checks "
-        "queue ahead of another key's")
+        default=2, ge=1, description="spec checks one key may have waiting at once, across "
+        "every gateway process sharing the job table (429 too_many_checks beyond): one key's "
+        "slow specs cannot fill the checks queue ahead of another key's")
     job_time_limit_s: int = Field(default=4 * 3600, ge=10)
     visibility_timeout_s: int | None = Field(
         default=None, description="Redis redelivery timeout; default time limit + 1 h"
@@ -115,6 +115,10 @@ class Settings(BaseSettings):
     gateway_workers: int = Field(
         default=1, ge=1, le=64, description="gateway processes serving the one port "
         "(uvicorn workers); they share only the job table and the store")
+    access_log_polls: bool = Field(
+        default=False, description="write an access line for each answered status poll "
+        "(200 to GET /jobs/{id}); off, polls are only counted in /metrics: they are most of "
+        "the traffic, and the line costs a gateway more CPU than the answer")
     max_connections: int = Field(
         default=500, ge=1, description="open connections per gateway process; beyond, new "
         "ones get 503 with Retry-After and are closed")

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from stitchsim import codes
 from stitchsim.datasets import BUILTIN
 from stitchsim.files.header import Header
 from stitchsim.models import Estimate, LocalPath, Spec
-from stitchsim_service.core import jobs, objects
+from stitchsim_service.core import jobs, objects, quotas
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.errors import DomainError, NotFoundError, Unavailable, validation_error
 from stitchsim_service.core.metrics import JOBS_SUBMITTED
@@ -204,38 +203,15 @@ def _check_dataset_ref(ctx: Context, owner: str, ds: str | LocalPath, field: str
         "the id of a dataset you uploaded", field, code="unknown_dataset")
 
 
-class _PendingChecks:
-    """Spec checks each key has waiting in this gateway process. The checks workers take
-    checks in arrival order; without a cap, one key sending many slow specs at once would put
-    them all ahead of another key's, and that key's check would wait out the timeout."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._count: dict[str, int] = {}
-
-    @contextmanager
-    def slot(self, owner: str, limit: int, retry_after: int) -> Iterator[None]:
-        with self._lock:
-            pending = self._count.get(owner, 0)
-            if pending >= limit:
-                raise DomainError(
-                    "too_many_checks",
-                    f"your key has {pending} spec checks pending and the limit is {limit}: "
-                    "wait for your other submissions to be answered, then retry",
-                    {"pending": pending, "limit": limit}, retry_after=retry_after)
-            self._count[owner] = pending + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                left = self._count[owner] - 1
-                if left:
-                    self._count[owner] = left
-                else:
-                    del self._count[owner]
-
-
-PENDING_CHECKS = _PendingChecks()
+@contextmanager
+def _pending_check(ctx: Context, owner: str) -> Iterator[None]:
+    with ctx.db.write() as session:
+        token = quotas.take_check_slot(session, ctx.settings, owner)
+    try:
+        yield
+    finally:
+        with ctx.db.write() as session:
+            quotas.free_check_slot(session, token)
 
 
 def check_spec(ctx: Context, owner: str, spec_doc: dict[str, Any]) -> Estimate | None:
@@ -248,8 +224,7 @@ def check_spec(ctx: Context, owner: str, spec_doc: dict[str, Any]) -> Estimate |
     switched checks off (STITCHSIM_CHECK_TIMEOUT_S=0) queues specs unchecked (no estimate)."""
     assert ctx.queue is not None
     settings = ctx.settings
-    with PENDING_CHECKS.slot(owner, settings.max_pending_checks_per_key,
-                             settings.check_retry_after_s):
+    with _pending_check(ctx, owner):
         outcome = ctx.queue.check_spec(spec_doc, settings.check_timeout_s)
     if outcome.error is not None:
         err = outcome.error

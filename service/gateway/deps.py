@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from anyio import to_thread
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from stitchsim_service.core.context import Context
+from stitchsim_service.core.db import Database
 from stitchsim_service.core.errors import DomainError
 from stitchsim_service.core.keys import LOCAL_OWNER, owner_for_key
 from stitchsim_service.core.settings import Settings, is_loopback
@@ -33,13 +35,21 @@ class _KeyCache:
     Per gateway process, and the one per-process cache on the request path: with several
     gateway processes each holds its own, so a revoked key stops working in every process
     within TTL_S (bounded staleness, documented in docs/deploy.md); a new key works at once
-    (unknown keys are looked up, their answer cached only for TTL_S too)."""
+    (unknown keys are looked up, their answer cached only for TTL_S too).
+
+    A key in use is read again in the background once its entry is REFRESH_AT of its TTL old
+    (refresh()), so the entry of a key polled more often than every (1 - REFRESH_AT) * TTL_S
+    never lapses and none of its polls waits for the read; a revocation still shows within
+    TTL_S."""
 
     TTL_S = 5.0
+    REFRESH_AT = 0.7
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._items: dict[str, tuple[float, str | None]] = {}
+        self._refreshing: set[str] = set()
+        self._pool: ThreadPoolExecutor | None = None
 
     def get(self, key: str) -> tuple[bool, str | None]:
         # A dict read is atomic under the GIL: no lock on the hot path.
@@ -53,6 +63,32 @@ class _KeyCache:
             if len(self._items) > 10_000:
                 self._items.clear()
             self._items[key] = (time.monotonic(), owner)
+
+    def refresh(self, db: Database, key: str) -> None:
+        """Read key again in the background if its entry is past REFRESH_AT of its TTL (and no
+        read of it is under way); the caller goes on with the entry it has."""
+        hit = self._items.get(key)
+        if (
+            hit is None
+            or time.monotonic() - hit[0] <= self.TTL_S * self.REFRESH_AT
+            or key in self._refreshing
+        ):
+            return
+        with self._lock:
+            if key in self._refreshing:
+                return
+            self._refreshing.add(key)
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(1, thread_name_prefix="stitchsim-keys")
+        self._pool.submit(self._reread, db, key)
+
+    def _reread(self, db: Database, key: str) -> None:
+        try:
+            self.put(key, owner_for_key(db, key))
+        except Exception:  # the table is busy or down: the entry lapses, the route decides
+            pass
+        finally:
+            self._refreshing.discard(key)
 
 
 _keys = _KeyCache()
@@ -79,13 +115,17 @@ def key_from_headers(headers: list[tuple[bytes, bytes]]) -> str | None:
     return api_key or None
 
 
-def cached_owner(settings: Settings, key: str | None, client: str | None) -> str | None:
+def cached_owner(ctx: Context, key: str | None, client: str | None) -> str | None:
     """The owner of a request when it is known without a table read (a key seen within
     TTL_S, or no key where none is needed); None when get_owner has to decide (a key not
     seen lately, or a request it refuses). For the status-poll fast path."""
     if key:
         cached, owner = _keys.get(key)
-        return owner if cached else None
+        if not cached:
+            return None
+        _keys.refresh(ctx.db, key)
+        return owner
+    settings = ctx.settings
     if settings.keys_required or not is_loopback(client):
         return None
     return LOCAL_OWNER

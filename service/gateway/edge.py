@@ -10,6 +10,9 @@
   piece of a body must arrive within the timeout, and once the timeout has passed, the body
   must have come at the minimum average rate; else 408 (the upload's spool file is removed on
   the way out, the connection closed).
+- Status polls (GET /jobs/{id}) are answered by this protocol itself where they can be,
+  from the parsed headers, without an ASGI request cycle (routers.jobs.StatusPolls decides;
+  see GuardedProtocol._answer_poll).
 - Concurrent uploads (STITCHSIM_MAX_CONCURRENT_UPLOADS, ..._PER_KEY): requests with a file
   body (multipart or octet-stream) each hold a slot while they are received and stored; with
   none free the answer is 429 with Retry-After before a byte of the body is read.
@@ -23,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from fastapi import Depends, Request
@@ -32,7 +36,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from stitchsim_service.core.errors import DomainError
 from stitchsim_service.core.settings import Settings, get_settings
-from stitchsim_service.gateway.deps import get_ctx, get_owner
+from stitchsim_service.gateway.deps import get_ctx, get_owner, key_from_headers
 from stitchsim_service.gateway.middleware import HTTPMiddleware
 
 try:  # uvicorn's fast parser when installed, as uvicorn itself prefers
@@ -53,14 +57,37 @@ def _raw_error(status: int, code: str, message: str, retry_after: int | None = N
     return ("\r\n".join(head) + "\r\n\r\n").encode() + body
 
 
+_STATUS_200 = b"HTTP/1.1 200 OK\r\n"
+_POLL_PATH = b"/jobs/"
+_POLL_URL_LEN = len(_POLL_PATH) + 32
+# Headers that make a GET more than a plain poll: a body, or a proxy's view of the client
+# (uvicorn's ProxyHeadersMiddleware reads those, and the access line shows its result).
+_NOT_A_PLAIN_POLL = frozenset((b"content-length", b"transfer-encoding", b"expect",
+                               b"x-forwarded-for", b"x-forwarded-proto", b"forwarded"))
+
+
+def _status_polls(app: Any) -> Any:
+    """The StatusPolls of the gateway app under uvicorn's wrappers (proxy headers, message
+    logger), or None: the protocol then only guards, never answers."""
+    for _ in range(8):
+        polls = getattr(app, "status_polls", None)
+        if polls is not None:
+            return polls
+        app = getattr(app, "app", None)
+    return None
+
+
 class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
-    """uvicorn's HTTP protocol with a header deadline and a cap on open connections."""
+    """uvicorn's HTTP protocol with a header deadline, a cap on open connections, and status
+    polls answered as soon as their headers are parsed."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._settings: Settings = get_settings()
         self._header_timer: asyncio.TimerHandle | None = None
+        self._header_deadline: float | None = None
         self._waiting_cycle: Any = None
+        self._polls = _status_polls(self.app)
         limit = self._settings.max_connections
         if len(self.connections) > limit:
             log.warning("connection refused: %d open connections (STITCHSIM_MAX_CONNECTIONS)",
@@ -72,19 +99,23 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
             return
         self._arm_header_timer()
 
+    # One timer per connection, moved by a deadline rather than re-armed: a keep-alive poller
+    # sends a request every second or so, and a timer cancelled and made anew for each cost
+    # it more than the deadline's two attribute writes.
+
     def _arm_header_timer(self) -> None:
         self._waiting_cycle = self.cycle  # headers are complete once a new cycle exists
-        self._header_timer = self.loop.call_later(self._settings.header_timeout_s,
-                                                  self._headers_too_slow)
+        self._header_deadline = self.loop.time() + self._settings.header_timeout_s
+        if self._header_timer is None:
+            self._header_timer = self.loop.call_at(self._header_deadline, self._header_check)
 
-    def _cancel_header_timer(self) -> None:
-        if self._header_timer is not None:
-            self._header_timer.cancel()
-            self._header_timer = None
-
-    def _headers_too_slow(self) -> None:
+    def _header_check(self) -> None:
         self._header_timer = None
-        if self.transport.is_closing():
+        deadline = self._header_deadline
+        if deadline is None or self.transport.is_closing():
+            return
+        if self.loop.time() < deadline:  # the deadline moved since this timer was set
+            self._header_timer = self.loop.call_at(deadline, self._header_check)
             return
         client = self.client[0] if self.client else "?"
         log.info("client %s: no complete request headers within %.0f s; closed with 408",
@@ -96,22 +127,107 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if self._header_timer is not None and self.cycle is not self._waiting_cycle:
-            self._cancel_header_timer()
+        if self._header_deadline is not None and self.cycle is not self._waiting_cycle:
+            self._header_deadline = None
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():
-            self._cancel_header_timer()
             self._arm_header_timer()  # the next request on this connection gets its own
 
+    # ---------------------------------------------------------------- status polls
+
+    def on_headers_complete(self) -> None:
+        if self._answer_poll():
+            return
+        # A poll answered just before, in the same read (pipelined), armed the keep-alive
+        # timer that a new read would have cleared: this request must not run under it.
+        self._unset_keepalive_if_required()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        if self.cycle is None:  # the connection's first request was a poll answered here
+            return
+        super().on_message_complete()
+
+    def _answer_poll(self) -> bool:
+        """Answer a plain status poll here, as the app would, and True; else False, untouched:
+        uvicorn starts its request cycle and the app answers (its own fast path, or the
+        route). The poll costs no scope, no task, no ASGI messages; the rules (key, owner,
+        the body) stay StatusPolls'. Only HTTP/1.1 keep-alive GETs of /jobs/{32 chars} with
+        no body, no query and no proxy headers, on a connection with no request in flight
+        (pipelining keeps its order) and a client reading its answers."""
+        polls = self._polls
+        url = self.url
+        if (polls is None or len(url) != _POLL_URL_LEN or not url.startswith(_POLL_PATH)
+                or self.parser.get_method() != b"GET"
+                or (self.cycle is not None and not self.cycle.response_complete)
+                or self.flow.write_paused or self.limit_concurrency is not None
+                or self.parser.get_http_version() != "1.1"
+                or not self.parser.should_keep_alive() or self.parser.should_upgrade()):
+            return False
+        ctx = polls.ctx
+        if ctx is None or not ctx.db.nonblocking_lookups:
+            return False
+        for name, _ in self.headers:
+            if name in _NOT_A_PLAIN_POLL:
+                return False
+        start = time.perf_counter()
+        key = key_from_headers(self.headers)
+        # No client address: the keyless local case (and its loopback rule) is the app's.
+        body = polls.answer_now(ctx, url[len(_POLL_PATH):].decode("ascii", "replace"), key,
+                                None)
+        if body is None:
+            return False
+        if self.access_log and self._settings.access_log_polls:
+            client = f"{self.client[0]}:{self.client[1]}" if self.client else ""
+            self.access_logger.info('%s - "%s %s HTTP/%s" %d', client, "GET", url.decode(),
+                                    "1.1", 200)
+        self.transport.write(b"".join((
+            _STATUS_200, self._default_headers(),
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body),
+            body)))
+        polls.count(start)
+        self.on_response_complete()
+        return True
+
+    _headers_of: list[tuple[bytes, bytes]] | None = None
+    _headers_bytes = b""
+
+    def _default_headers(self) -> bytes:
+        """uvicorn's default headers (server, date) as bytes; the server replaces their list
+        once a second (the date), so the bytes are made once per list, not per poll."""
+        current = self.server_state.default_headers
+        cls = type(self)
+        if cls._headers_of is not current:
+            cls._headers_bytes = b"".join(b"%s: %s\r\n" % h for h in current)
+            cls._headers_of = current
+        return cls._headers_bytes
+
     def connection_lost(self, exc: Exception | None) -> None:
-        if getattr(self, "_settings", None) is not None:
-            self._cancel_header_timer()
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+            self._header_timer = None
         super().connection_lost(exc)
 
 
 # ---------------------------------------------------------------- bodies
+
+
+if sys.version_info >= (3, 11):
+
+    async def _within(awaitable: Awaitable[Message], seconds: float) -> Message:
+        """awaitable's result, or TimeoutError after seconds. A body arrives in thousands of
+        pieces: asyncio.timeout arms one timer on the running task, where wait_for would wrap
+        every receive in a task of its own."""
+        async with asyncio.timeout(seconds):
+            return await awaitable
+
+else:  # pragma: no cover (Python 3.10)
+
+    async def _within(awaitable: Awaitable[Message], seconds: float) -> Message:
+        return await asyncio.wait_for(awaitable, seconds)
 
 
 def _body_timeout(message: str) -> HTTPException:
@@ -138,7 +254,7 @@ class BodyTimeoutMiddleware(HTTPMiddleware):
             if state["done"]:  # after the body: waiting for a disconnect is not reading
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), idle_s)
+                message = await _within(receive(), idle_s)
             except TimeoutError:
                 raise _body_timeout(f"no part of the request body arrived for {idle_s:.0f} s "
                                     "(STITCHSIM_BODY_READ_TIMEOUT_S)") from None

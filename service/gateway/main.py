@@ -6,6 +6,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import stitchsim
 from fastapi import FastAPI
@@ -34,13 +35,16 @@ log = logging.getLogger("stitchsim.service")
 
 class GatewayApp(FastAPI):
     """The FastAPI app, with status polls answered before its middleware stack when they
-    can be (jobs.StatusPolls: a poll is most of the traffic, the stack most of its cost)."""
+    can be (jobs.StatusPolls: a poll is most of the traffic, the stack most of its cost).
+    The HTTP protocol (edge.GuardedProtocol) finds status_polls here and answers most polls
+    before they even reach the app."""
 
-    _polls = jobs.StatusPolls()
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.status_polls = jobs.StatusPolls()  # its ctx is set once the app has started
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and await self._polls.answer(
-                getattr(self.state, "ctx", None), scope, send):
+        if scope["type"] == "http" and await self.status_polls.answer(scope, send):
             return
         await super().__call__(scope, receive, send)
 
@@ -54,11 +58,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # after uvicorn has configured its loggers.
         for name in ("uvicorn.access", log.name):
             logging.getLogger(name).addFilter(REDACT_KEYS)
+        if not settings.access_log_polls:
+            logging.getLogger("uvicorn.access").addFilter(jobs.QUIET_POLLS)
         ctx = Context.open(settings, with_queue=True)
         settings.tmp_dir.mkdir(parents=True, exist_ok=True)
         # Partial uploads of gateways that died mid-upload (this data dir may be shared).
         remove_orphaned_uploads(settings.tmp_dir)
         app.state.ctx = ctx
+        app.status_polls.ctx = ctx  # type: ignore[attr-defined]
         COLLECTOR.ctx = ctx
         reaper = Reaper(ctx)
         reaper.start()
@@ -73,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            app.status_polls.ctx = None  # type: ignore[attr-defined]
             reaper.stop()
 
     app = GatewayApp(

@@ -53,7 +53,7 @@ def pixels(banks: BankBuilder) -> Bank:
 
 def make(net: Network, point: str, pixels: Bank, banks: BankBuilder,
          settings: IRISettings) -> Synthesis:
-    return synthesize(net.front(point), pixels, settings, banks, CPU, lambda: None)
+    return synthesize(net.front(point), pixels, settings, banks, CPU, lambda _n: None)
 
 
 # The shallowest and the deepest stage point of each family: the first is the hardest to

@@ -28,7 +28,10 @@ from tests.service.conftest import tiny_spec, upload
 CHECK_MEMORY = 6 * 1024**3
 ENV = {"STITCHSIM_REQUIRE_API_KEY": "true", "STITCHSIM_QUOTA_RETRY_AFTER_S": "9",
        "STITCHSIM_SECONDS_PER_UNIT": "0.5", "STITCHSIM_MAX_PENDING_CHECKS_PER_KEY": "2",
-       "STITCHSIM_CHECK_RETRY_AFTER_S": "4", "STITCHSIM_CHECK_MEMORY_BYTES": str(CHECK_MEMORY)}
+       "STITCHSIM_CHECK_RETRY_AFTER_S": "4", "STITCHSIM_CHECK_MEMORY_BYTES": str(CHECK_MEMORY),
+       # Two gateway processes on the port: the cap on pending checks is the key's, not each
+       # process's (the flood's requests land on both).
+       "STITCHSIM_GATEWAY_WORKERS": "2"}
 
 
 @pytest.fixture(scope="module")

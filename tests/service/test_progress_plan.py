@@ -1,6 +1,7 @@
 """The progress plan covers IRI extra rounds: planned at their cap, steps beyond a span's plan
 grow it, and what a span did not need leaves the plan, so the bar never stands at 100 % while
-the job still runs and never passes it; the ETA's rate counts only work done.
+the job still runs and never passes it; the ETA's rate counts only work done, each kind of
+work at its own pace.
 
 A real job (in-process, IRIs with extra rounds and early stopping) and the tracker's
 arithmetic on its own.
@@ -11,26 +12,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from stitchsim.models import Spec
 from stitchsim_worker.engine.iri import round_lengths
-from stitchsim_worker.engine.progress import Plan, Tracker
+from stitchsim_worker.engine.progress import PRIOR_SECONDS, Plan, Tracker, Units
 
 from tests.service.conftest import tiny_spec
 
 
 def test_spans_give_back_unused_work_and_grow_past_their_plan() -> None:
     seen: list[tuple[int, int]] = []
-    t = Tracker(lambda _s, done, total: seen.append((done, total)), None)
+    t = Tracker(lambda _s, done, total, _eta: seen.append((done, total)), None)
     # 40 fixed units and two IRI spans capped at 30 each, expected to take a quarter of it.
-    t.plan(Plan(units=100, elastic=60, expect=0.25))
+    t.plan(Plan(Units(forward=40, iri=60), expect=0.25))
     assert (t.done, t.total) == (0, 40 + 15)
     with t.span(30, weight=3):
         for _ in range(5):  # 15 units, past the 7.5 expected: the total grows with them
             t.step()
             assert t.done < t.total
-    # Half the cap used; with the plan's guess as one more span, (8 + 15) / 60 of the next
-    # span's cap is expected: 12 units.
-    assert (t.done, t.total) == (15, 15 + 40 + 12)
+    # Half the cap used; with the plan's guess as one more span, (7.5 + 15) / 60 of the next
+    # span's cap is expected: 11.25 units.
+    assert (t.done, t.total) == (15, 15 + 40 + 11)
     for _ in range(10):
         t.step()
     with t.span(30, weight=3):  # a cache hit: nothing used, nothing learnt
@@ -54,10 +56,61 @@ def test_iri_extra_rounds_move_the_bar_to_the_end(ckpts: Any, tmp_path: Path) ->
     assert sum(round_lengths(spec.iri)) == 4 + 8 + 16
     calls: list[tuple[str, int, int]] = []
     report = run_job(spec, resources=Resources(cache_dir=tmp_path),
-                     progress=lambda stage, done, total: calls.append((stage, done, total)))
+                     progress=lambda stage, done, total, _eta: calls.append((stage, done, total)))
     assert report.results
     iri_calls = [(d, t) for s, d, t in calls if s.startswith("iri")]
     assert iri_calls and all(d < t for d, t in iri_calls), iri_calls
     assert all(d <= t for _, d, t in calls)
     # Only the end stands at 100 %.
     assert [s for s, d, t in calls if t and d == t] == ["done"], calls[-5:]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_each_kind_of_work_is_timed_at_its_own_pace() -> None:
+    clock, etas = _Clock(), []
+    t = Tracker(lambda _s, _d, _t, eta: etas.append(eta), None, clock=clock)
+    t.plan(Plan(Units(forward=10, train=40)))
+    t.enter("prepare")
+    clock.now += 5.0  # the warm-up: slow, and not taken as the pace
+    t.step()
+    t.enter("stitch a")
+    for _ in range(4):  # a batch through both models: 1 s
+        clock.now += 1.0
+        t.step()
+    # Training not seen yet: at its prior share of the pace seen (PRIOR_SECONDS).
+    assert t.eta_s() == 5 * 1.0 + 40 * PRIOR_SECONDS["train"] / PRIOR_SECONDS["forward"]
+    t.enter("train a")
+    for _ in range(20):  # a training step: 0.1 s, whatever extraction cost
+        clock.now += 0.1
+        t.step(kind="train")
+    assert t.eta_s() == 5 * 1.0 + 20 * 0.1
+    t.finish()
+    assert etas[-1] == 0.0
+
+
+def test_an_iri_set_past_its_first_round_expects_every_round() -> None:
+    clock = _Clock()
+    t = Tracker(None, None, clock=clock)
+    # Two IRI sets capped at 70 units each, rounds ending at 1/7, 3/7 and all of the cap;
+    # expected to take 0.4 of it.
+    t.plan(Plan(Units(forward=10, iri=140), expect=0.4))
+    t.enter("iri a")
+    assert t.total == 10 + 56
+    with t.span(70, weight=1, marks=[1 / 7, 3 / 7, 1.0]):
+        for _ in range(10):  # the first round: 10 of 70
+            clock.now += 1.0
+            t.step()
+        assert t.total == 10 + 56  # nothing seen yet says more than the guess
+        clock.now += 1.0
+        t.step()  # into the second round: this set takes its cap, and the next one
+        # expects (0.4 + 1) / 2 of its own, the guess counting as one set.
+        assert t.total == 11 + (70 - 11) + 10 + round(0.7 * 70)
+        forward_pace = PRIOR_SECONDS["forward"] / PRIOR_SECONDS["iri"]  # not seen yet
+        assert t.eta_s() == pytest.approx((70 - 11) + 0.7 * 70 + 10 * forward_pace, abs=0.05)

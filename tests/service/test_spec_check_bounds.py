@@ -7,6 +7,8 @@
   model_too_large, counted on the meta device (two architectures).
 - A job above STITCHSIM_MAX_JOB_UNITS (its progress plan's count) is refused with 422
   job_too_large, naming the fields that make it large.
+- Budget units count a batch at the models' size: the same spec on a model with several times
+  a resnet18's compute a sample costs that many times the units, and says so.
 """
 
 from __future__ import annotations
@@ -83,8 +85,48 @@ def test_the_estimate_counts_iris_at_their_cap_and_expects_less(ckpts, tmp_path)
     a = check_spec(std, resources=Resources(cache_dir=tmp_path))
     b = check_spec(ia, resources=Resources(cache_dir=tmp_path))
     assert a.expected_units == a.units
-    # IRIs: 5 steps, 2 extra rounds: a cap of 5 + 10 + 20 steps of 3 units for the one batch
-    # of 200 training samples, expected at 40 % of it.
-    iri_cap = 3 * 35
+    # IRIs: 5 steps, 2 extra rounds: a cap of 5 + 10 + 20 steps of 3 units a full batch, for
+    # 200 training samples in batches of 256 (a step counts the share of a batch it steps),
+    # expected at 40 % of it.
+    iri_cap = round(3 * 35 * 200 / 256)
     assert b.units - a.units >= iri_cap, (a, b)
     assert b.units - b.expected_units == iri_cap - round(0.4 * iri_cap), (a, b)
+
+
+def test_a_large_model_counts_more_units_for_the_same_spec(ckpts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    import timm
+    import torch
+    from safetensors.torch import save_file
+    from stitchsim_worker.engine import Resources, check_spec
+    from stitchsim_worker.engine.costs import REFERENCE_FLOPS
+    from stitchsim_worker.engine.errors import SpecError
+    from torch.utils.flop_counter import FlopCounterMode
+
+    kwargs = {"num_classes": 10}
+    big = timm.create_model("resnet26", pretrained=False, **kwargs).eval()
+    path = tmp_path / "resnet26.safetensors"
+    save_file({k: v.contiguous() for k, v in big.state_dict().items()}, path,
+              metadata={"arch": "resnet26", "arch_kwargs": json.dumps(kwargs)})
+    counter = FlopCounterMode(display=False)
+    with counter, torch.no_grad():
+        big(torch.zeros(1, 3, 32, 32))
+    factor = counter.get_total_flops() / REFERENCE_FLOPS
+    assert factor > 1.2
+
+    def budget(ckpt, limit=None):  # type: ignore[no-untyped-def]
+        ref = {"checkpoint": {"path": str(ckpt)}}
+        spec = Spec.model_validate(tiny_spec(ref, ref))
+        return check_spec(spec, resources=Resources(cache_dir=tmp_path, max_job_units=limit))
+
+    small, large = budget(ckpts.digits_resnet), budget(path)
+    assert small.size_factor == 1.0  # smaller than the reference: a batch is a batch
+    assert large.size_factor == pytest.approx(factor, rel=0.01)
+    assert large.units == pytest.approx(small.units * factor, abs=1)
+    with pytest.raises(SpecError) as refused:
+        budget(path, limit=small.units + 1)  # room for the small model's job, not the large's
+    err = refused.value
+    assert err.code == "job_too_large"
+    assert err.details["shrink"][0].startswith("the models (x"), err.details
+    assert err.details["batches"] == small.units

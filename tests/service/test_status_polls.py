@@ -8,6 +8,7 @@ The services run the gateway alone with submission checks off: jobs stay queued.
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import time
 from typing import Any
@@ -112,3 +113,89 @@ def test_several_gateway_processes(service_factory: ServiceFactory, ckpts: Any) 
     for _ in range(20):
         assert httpx.get(f"{svc.url}/jobs/{job}", headers=headers,
                          timeout=10).json()["state"] == "cancelled"
+
+
+def _exchange(port: int, raw: bytes) -> list[tuple[int, dict[str, str], bytes]]:
+    """Send raw bytes on one connection at once (pipelined) and read every response until the
+    server closes it: (status, headers, body) in order."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(raw)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    out = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        headers = dict(line.lower().split(": ", 1) for line in lines[1:])
+        n = int(headers.get("content-length", "0"))
+        out.append((int(lines[0].split()[1]), headers, rest[:n]))
+        data = rest[n:]
+    return out
+
+
+def _port(svc: ServiceHandle) -> int:
+    return int(svc.url.rsplit(":", 1)[1])
+
+
+def test_protocol_answers_keep_order_and_leave_other_requests_alone(
+        service_factory: ServiceFactory, ckpts: Any) -> None:
+    """Polls answered by the HTTP protocol (edge.GuardedProtocol) beside requests it passes
+    on, pipelined on one connection: every answer in order, the same bytes as the route's,
+    bodies of other requests still read; and no access line for answered polls unless
+    STITCHSIM_ACCESS_LOG_POLLS (the other requests keep theirs)."""
+    svc = service_factory.embedded(extra_env=ENV, workers=False)
+    key = svc.create_key("erin")
+    job = _job(svc, key, ckpts)
+    with svc.client(key) as c:
+        via_route = c.get(f"/jobs/{job}?from=route")  # a query: always the route
+        assert via_route.status_code == 200
+        assert c.get(f"/jobs/{job}").content == via_route.content  # the key is cached now
+    auth = f"Authorization: Bearer {key}\r\n"
+    poll = f"GET /jobs/{job} HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode()
+    spec = b"{}"
+    answers = _exchange(_port(svc), b"".join([
+        poll,  # the connection's first request, answered by the protocol
+        f"POST /similarity HTTP/1.1\r\nHost: x\r\n{auth}content-type: application/json\r\n"
+        f"content-length: {len(spec)}\r\n\r\n".encode() + spec,  # a body after it
+        poll,  # behind a request in flight: queued as uvicorn queues it
+        f"GET /jobs/{job}?again=1 HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode(),
+        f"GET /jobs/{'0' * 32} HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode(),  # not a job
+        poll,
+        poll.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"),  # the app's
+    ]))
+    assert [a[0] for a in answers] == [200, 422, 200, 200, 404, 200, 200]
+    for status, headers, body in answers:
+        if status == 200:
+            assert body == via_route.content
+            assert headers["content-type"] == "application/json"
+            assert "date" in headers and headers["server"] == "uvicorn"
+    assert answers[-1][1]["connection"] == "close"
+    assert answers[1][2] and b"error" in answers[1][2]
+    # The last change shows on the next poll the protocol answers.
+    with svc.client(key) as c:
+        assert c.delete(f"/jobs/{job}").status_code == 200
+    (status, _, body), = _exchange(_port(svc), poll.replace(b"\r\n\r\n",
+                                                            b"\r\nConnection: close\r\n\r\n"))
+    assert status == 200 and JobStatus.model_validate_json(body).state == "cancelled"
+    first = _exchange(_port(svc), poll + poll.replace(b"\r\n\r\n",
+                                                     b"\r\nConnection: close\r\n\r\n"))
+    assert [a[0] for a in first] == [200, 200] and first[0][2] == first[1][2] == body
+
+    log = (svc.data_dir / "logs" / "serve.log").read_text()
+    assert '"POST /similarity HTTP/1.1" 422' in log and "again=1" in log
+    assert f"/jobs/{'0' * 32} HTTP/1.1\" 404" in log
+    assert f'"GET /jobs/{job} HTTP/1.1" 200' not in log
+
+    loud = service_factory.embedded(extra_env={**ENV, "STITCHSIM_ACCESS_LOG_POLLS": "true"},
+                                    workers=False)
+    key = loud.create_key("frank")
+    job = _job(loud, key, ckpts)
+    with loud.client(key) as c:
+        assert c.get(f"/jobs/{job}").status_code == 200  # the route, which caches the key
+    poll = f"GET /jobs/{job} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+    answers = _exchange(_port(loud), (2 * poll + poll.replace(
+        "\r\n\r\n", "\r\nConnection: close\r\n\r\n")).encode())
+    assert [a[0] for a in answers] == [200, 200, 200]
+    log = (loud.data_dir / "logs" / "serve.log").read_text()
+    assert log.count(f'"GET /jobs/{job} HTTP/1.1" 200') == 4

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 from stitchsim.models import Spec
 from stitchsim_worker.engine.context import EVAL_BATCH
+from stitchsim_worker.engine.costs import Sizes, size_factor
 from stitchsim_worker.engine.data import Dataset, load_dataset
 from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.errors import SpecError
@@ -26,7 +27,6 @@ from stitchsim_worker.engine.preparation import (
     check_protocols,
     pair_points_of,
 )
-from stitchsim_worker.engine.progress import Plan
 from stitchsim_worker.engine.resources import Resources
 
 META = torch.device("meta")
@@ -38,11 +38,14 @@ class Checked:
     """What the check counted for a spec that can run: its cost before it is queued."""
 
     units: int
-    """The job's work units, as its progress plan counts them (IRIs at their cap): the budget."""
+    """The job's budget: its progress plan's batches (IRIs at their cap), each counted at the
+    models' size (costs.size_factor)."""
     expected_units: int
     """The units it is expected to take (IRIs at their expected share of the cap)."""
     activation_bytes: int
     """One batch's activation at the largest module output of either model."""
+    size_factor: float = 1.0
+    """Budget units a batch of this job counts (costs.size_factor)."""
 
 
 def _check_size(model: LoadedModel, where: str, limit: int | None) -> None:
@@ -81,9 +84,11 @@ def check_spec(spec: Spec, *, resources: Resources) -> Checked:
     if not pairs:
         raise SpecError("no stitch points could be paired between the two models",
                         code="unknown_layer")
-    plan = _check_budget(spec, len(data.train), len(data.test), len(pairs),
-                         resources.max_job_units)
-    return Checked(units=plan.units, expected_units=plan.expected, activation_bytes=activation)
+    factor = size_factor(front.flops, back.flops)
+    units, expected = _check_budget(spec, Sizes(len(data.train), len(data.test), len(pairs)),
+                                    factor, resources.max_job_units)
+    return Checked(units=units, expected_units=expected, activation_bytes=activation,
+                   size_factor=factor)
 
 
 def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | None) -> int:
@@ -112,18 +117,24 @@ def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | N
     return need
 
 
-def _check_budget(spec: Spec, n_tr: int, n_te: int, n_pairs: int, limit: int | None) -> Plan:
-    """The job's work, counted as its progress plan will count it, against the per-job limit."""
-    plan = job_plan(spec, n_tr, n_te, n_pairs)
-    units = plan.units
+def _check_budget(spec: Spec, sizes: Sizes, factor: float, limit: int | None
+                  ) -> tuple[int, int]:
+    """The job's work in budget units (its progress plan's batches at the models' size factor),
+    and the units it is expected to take, against the per-job limit."""
+    plan = job_plan(spec, sizes)
+    units, expected = round(plan.units * factor), round(plan.expected * factor)
     if limit is None or units <= limit:
-        return plan
-    shrink = what_to_shrink(spec, n_pairs)
+        return units, expected
+    shrink = what_to_shrink(spec, sizes)
+    if factor > 1:
+        shrink.insert(0, f"the models (x{factor:.3g} the compute a sample of a resnet18 on "
+                         "32x32 inputs: a smaller architecture or input_size)")
     raise SpecError(
-        f"the job would take {units:,} work units (about one batch through a network part "
-        f"each), more than the {limit:,} this service allows per job (STITCHSIM_MAX_JOB_UNITS); "
-        f"shrink {', '.join(shrink[:4]) or 'the dataset or the stitch points'}",
+        f"the job would take {units:,} work units (about one batch through a network part of "
+        f"a resnet18 on 32x32 inputs each), more than the {limit:,} this service allows per "
+        f"job (STITCHSIM_MAX_JOB_UNITS); shrink "
+        f"{', '.join(shrink[:4]) or 'the dataset or the stitch points'}",
         code="job_too_large",
-        details={"units": units, "expected_units": plan.expected, "limit": limit,
-                 "shrink": shrink,
-                 "n_train": n_tr, "n_test": n_te, "stitch_pairs": n_pairs})
+        details={"units": units, "expected_units": expected, "limit": limit,
+                 "shrink": shrink, "size_factor": round(factor, 3), "batches": plan.units,
+                 "n_train": sizes.train, "n_test": sizes.test, "stitch_pairs": sizes.pairs})

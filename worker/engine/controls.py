@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 from stitchsim.models import Control, Direction, ResultRow, Spec
-from stitchsim_worker.engine.context import JobContext
+from stitchsim_worker.engine.context import EVAL_BATCH, JobContext
+from stitchsim_worker.engine.costs import Sizes, fit_units, passes, rows_units, test_split_units
 from stitchsim_worker.engine.cues import CUES
 from stitchsim_worker.engine.data import clustered_noise
 from stitchsim_worker.engine.fitting import (
@@ -21,6 +22,7 @@ from stitchsim_worker.engine.fitting import (
     protocol_rows,
     training_inputs,
 )
+from stitchsim_worker.engine.progress import Units
 from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.splits import InputSet, images_split, test_split, train_split
 from stitchsim_worker.engine.splits import with_inputs as split_with_inputs
@@ -32,8 +34,8 @@ class ControlEntry:
     label: str
     description: str
     run: Callable[[JobContext, Direction], list[ResultRow]]
-    runs: Callable[[Spec], int]
-    """How many protocol runs' worth of work it costs per stitch pair, for the progress plan."""
+    cost: Callable[[Spec, Sizes], Units]
+    """Its work units in one direction, for the progress plan (costs.py)."""
 
 
 CONTROLS: Registry[ControlEntry] = Registry("control")
@@ -47,10 +49,6 @@ def controls_to_run(spec: Spec) -> list[str]:
     if "cross_task" in spec.protocols and "clustered_noise" not in controls:
         controls.append("clustered_noise")
     return controls
-
-
-def _once(_spec: Spec) -> int:
-    return 1
 
 
 # ---------------------------------------------------------------- clustered noise: the floor
@@ -87,11 +85,17 @@ def _clustered_noise(ctx: JobContext, direction: Direction) -> list[ResultRow]:
     return rows
 
 
+def _clustered_noise_cost(spec: Spec, sizes: Sizes) -> Units:
+    real = Units(forward=2 * passes(sizes.train, EVAL_BATCH)) + test_split_units(sizes)
+    per_sigma = fit_units(spec, sizes.train, [sizes.test])
+    return (real + per_sigma * len(spec.control_settings.noise_sigmas)) * sizes.pairs
+
+
 register_control(ControlEntry(
     name="clustered_noise", label="clustered noise (floor)",
     description="one noise centre per class fed through T into the back model: the accuracy a "
     "representation with nothing but class clusters reaches, the floor for standard scores",
-    run=_clustered_noise, runs=lambda spec: len(spec.control_settings.noise_sigmas),
+    run=_clustered_noise, cost=_clustered_noise_cost,
 ))
 
 
@@ -108,11 +112,17 @@ def _identity(ctx: JobContext, direction: Direction) -> list[ResultRow]:
     return rows
 
 
+def _identity_cost(spec: Spec, sizes: Sizes) -> Units:
+    per_cut = test_split_units(sizes) + rows_units(spec, sizes, sizes.train, [sizes.test],
+                                                   control=True)
+    return per_cut * sizes.pairs
+
+
 register_control(ControlEntry(
     name="identity", label="identity (ceiling)",
     description="the back model stitched into itself at the same point: agreement near 1 is "
     "the ceiling, and a sanity check of the stitch",
-    run=_identity, runs=_once,
+    run=_identity, cost=_identity_cost,
 ))
 
 
@@ -148,10 +158,17 @@ def _shortcut(ctx: JobContext, direction: Direction) -> list[ResultRow]:
     return rows
 
 
+def _shortcut_cost(spec: Spec, sizes: Sizes) -> Units:
+    # Two test splits of marked images (right and rolled cues), both models on each.
+    marked = Units(forward=2 * 2 * passes(sizes.test, EVAL_BATCH))
+    per_cut = marked + rows_units(spec, sizes, sizes.train, [sizes.test] * 2, control=True)
+    return per_cut * (sizes.pairs * len(spec.control_settings.cues))
+
+
 register_control(ControlEntry(
     name="shortcut", label="unseen cues (shortcut)",
     description="class markers neither model saw, painted onto the stitch-training inputs "
     "(pixel_specific, pixel_rand, rand_rand); excessive agreement is the agreement with the "
     "right markers minus with markers rolled by one class",
-    run=_shortcut, runs=lambda spec: len(spec.control_settings.cues),
+    run=_shortcut, cost=_shortcut_cost,
 ))

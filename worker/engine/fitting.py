@@ -56,10 +56,11 @@ def fit(ctx: JobContext, cut: Cut, objective: Objective, train: Split,
     for s in range(settings.seeds):
         stitch = StitchLayer(cut.f.rep(cut.i), cut.g.rep(cut.j)).to(ctx.device)
         task = FitTask(stitch, back, train, settings, settings.seed + s, ctx.device,
-                       ctx.tracker.step, ctx.tracker.should_cancel, augment)
+                       ctx.tracker.counter("train"), ctx.tracker.should_cancel, augment)
         losses.append(entry.fit(task))
         stitches.append(stitch)
-        logits.append([stitched_logits(stitch, back, t, EVAL_BATCH, ctx.device) for t in tests])
+        logits.append([stitched_logits(stitch, back, t, EVAL_BATCH, ctx.device, ctx.tracker.step)
+                       for t in tests])
     ctx.tracker.focus(objective=None)
     return Fit(logits, float(np.mean(losses)), stitches[0].describe(),
                time.perf_counter() - t0, stitches, back)
@@ -83,7 +84,7 @@ def robust_stats(ctx: JobContext, cut: Cut, result: Fit, test: Split) -> RobustS
             with torch.no_grad():
                 h_out.append(h(x_adv).float().cpu())
                 g_out.append(cut.g.logits(x_adv).float().cpu())
-            ctx.tracker.step(settings.steps)
+            ctx.tracker.step(settings.steps, "attack")
         evals.append(evaluate(torch.cat(h_out), torch.cat(g_out), test.labels, seed=seed))
     values = {k: seed_interval([getattr(e.figures, k) for e in evals])
               for k in ("agreement", "hard_agreement", "accuracy")}

@@ -168,9 +168,10 @@ def synthesize(
     settings: IRISettings,
     banks: BankBuilder,
     device: torch.device,
-    on_batch: Callable[[], None],
+    on_step: Callable[[int], None],
 ) -> Synthesis:
-    """IRIs for every sample, with per-sample start and final distances and steps taken."""
+    """IRIs for every sample, with per-sample start and final distances and steps taken;
+    on_step(samples) after each step, with the number of samples it stepped."""
     n = pixels.n
     out = banks.new(n, pixels.shape)
     start_d = np.zeros(n, dtype=np.float32)
@@ -180,7 +181,7 @@ def synthesize(
     for s in range(0, n, settings.batch_size):
         sl = slice(s, min(n, s + settings.batch_size))
         x = pixels[sl].to(device)
-        batch = _synthesize_batch(front, x, settings, noise, on_batch)
+        batch = _synthesize_batch(front, x, settings, noise, on_step)
         out.write(s, batch.images)
         start_d[sl], final_d[sl] = batch.start.cpu().numpy(), batch.final.cpu().numpy()
         steps[sl] = batch.steps.cpu().numpy()
@@ -370,7 +371,7 @@ def _synthesize_batch(
     x: torch.Tensor,
     settings: IRISettings,
     noise: torch.Generator,
-    on_step: Callable[[], None],
+    on_step: Callable[[int], None],
 ) -> _Batch:
     with torch.no_grad():
         kernels = Kernels.pick(settings, x.device, front(x[:1]).dim())
@@ -406,9 +407,6 @@ def _synthesize_batch(
             live.keep(best_d[live.index] >= line)
         for t, lr in enumerate(step_schedule(settings, length, r)):
             if len(live) == 0:
-                # Everyone stopped early: the progress plan still counts the first round.
-                for _ in range(length - t if r == 0 else 0):
-                    on_step()
                 break
             xi = live.x_iri.requires_grad_(True)
             d = _distance(front, xi, live.target, kernels)
@@ -419,8 +417,9 @@ def _synthesize_batch(
             taken[live.index] += 1
             with torch.no_grad():
                 live.x_iri = kernels.images(_project(xi - lr * grad.sign(), live.x, settings.linf))
+            stepped = len(live)
             record(d, xi, line)  # d is the distance of the iterate before this step
-            on_step()
+            on_step(stepped)
         if len(live):  # the last step's iterate has not been measured yet
             with torch.no_grad():
                 d = _distance(front, live.x_iri, live.target, kernels)
@@ -462,7 +461,7 @@ def get_iris(
     settings: IRISettings,
     banks: BankBuilder,
     device: torch.device,
-    on_batch: Callable[[], None],
+    on_step: Callable[[int], None],
 ) -> IRIResult:
     t0 = time.perf_counter()
     hit = cache.load(key)
@@ -480,7 +479,7 @@ def get_iris(
             seconds=time.perf_counter() - t0,
         )
         return IRIResult(bank, stats)
-    made = synthesize(front, pixels, settings, banks, device, on_batch)
+    made = synthesize(front, pixels, settings, banks, device, on_step)
     seconds = time.perf_counter() - t0
     steps_used = float(made.steps.mean())
     meta = {"settings": settings.model_dump(), "seconds": seconds, "steps_used": steps_used}

@@ -188,4 +188,5 @@ def _environment(device: torch.device, tracker: Tracker, seed: int, seconds: flo
         "seed": seed,
         "seconds": round(seconds, 3),
         "stage_seconds": {k: round(v, 3) for k, v in tracker.timings.items()},
+        "unit_seconds": tracker.unit_seconds(),
     }

@@ -33,9 +33,11 @@ from stitchsim.models import (
 )
 from stitchsim_worker.engine.bank import Bank
 from stitchsim_worker.engine.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.costs import Sizes, passes
 from stitchsim_worker.engine.data import clustered_noise
 from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.metrics import BOOTSTRAP_RESAMPLES
+from stitchsim_worker.engine.progress import Units
 from stitchsim_worker.engine.protocols import PROTOCOLS, iri_units
 from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.splits import InputSet, Split
@@ -317,7 +319,7 @@ class _Prepared:
         if key not in self._done:
             prepared = prepare(MEASURES[name], x, self.plan(len(x)),
                                self.ctx.spec.measure_settings, self.ctx.device,
-                               self.ctx.tracker.step)
+                               self.ctx.tracker.counter("measure"))
             self._done[key] = (x, prepared)
         return self._done[key][1]
 
@@ -444,18 +446,23 @@ def _control_rows(prepared: _Prepared, cut: Cut, name: str, real: Views, iri: Vi
 # ---------------------------------------------------------------- cost (progress plan)
 
 
-def measure_units(spec: Spec, n_train: int, n_test: int, stitches: int) -> int:
-    """Work units the measures add to a job of `stitches` (direction, pair) cuts."""
+def measure_units(spec: Spec, sizes: Sizes, directions: int) -> Units:
+    """Work units the measures add to a job (MeasureRun.add at every cut)."""
     if not spec.measures:
-        return 0
+        return Units()
     settings = spec.measure_settings
-    n_iri = n_train if settings.iri_split == "train" else n_test
-    per_pass = 2 * math.ceil(n_test / settings.batch_size)  # IRIs: as many as test samples
-    sigmas = len(spec.control_settings.noise_sigmas)
-    # Per cut and measure, one unit per mini-batch of each representation prepared: both
-    # models on real inputs and on IRIs, and the noise of the floor per sigma.
-    units = stitches * len(spec.measures) * per_pass * (2 + sigmas)
-    units += stitches * math.ceil(n_test / EVAL_BATCH)  # g_j on the test split
+    n_iri = sizes.train if settings.iri_split == "train" else sizes.test
+    real = passes(sizes.test, settings.batch_size)
+    iri = passes(min(n_iri, sizes.test), settings.batch_size)  # as many IRIs as test samples
+    floor = len(spec.control_settings.noise_sigmas) * (real + iri)
+    # Per measure, one unit per mini-batch of each representation prepared: both models on
+    # real inputs and on IRIs, and the floor's noise beside each; the second direction reuses
+    # the real figure, so it prepares the real inputs of the end model only.
+    first, again = 2 * real + 2 * iri + floor, real + 2 * iri + floor
+    per_pair = Units(measure=len(spec.measures) * (first + again * (directions - 1)),
+                     forward=passes(sizes.test, EVAL_BATCH))  # g_j, kept for both directions
+    units = per_pair * sizes.pairs
     if settings.iri_split == "test" or "invariance_aware" not in spec.protocols:
-        units += stitches * (iri_units(spec, n_iri) + 2 * math.ceil(n_iri / EVAL_BATCH))
+        own_iris = Units(forward=2 * passes(n_iri, EVAL_BATCH), iri=iri_units(spec, n_iri))
+        units += own_iris * (directions * sizes.pairs)
     return units

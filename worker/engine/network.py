@@ -39,6 +39,8 @@ class Network:
             ) from e
         self.order = list(self.traces)
         self.shapes = {name: t.shape for name, t in self.traces.items()}
+        self.flops = max((t.flops for t in self.traces.values()), default=0.0)
+        """Floating-point operations of one sample's forward pass."""
         self._index = {name: k for k, name in enumerate(self.order)}
         self._splitter = ModelSplitter(self.net)
         self._heads = {

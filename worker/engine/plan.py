@@ -7,26 +7,24 @@ share of the cap they are expected to take (progress.Plan)."""
 
 from __future__ import annotations
 
-import math
-
 from stitchsim.models import AdversarialSettings, IRISettings, Spec, TrainSettings
-from stitchsim_worker.engine.context import EVAL_BATCH
 from stitchsim_worker.engine.controls import CONTROLS, controls_to_run
+from stitchsim_worker.engine.costs import Sizes, passes, rows_units, test_split_units
 from stitchsim_worker.engine.iri import round_lengths
 from stitchsim_worker.engine.measures import measure_units
-from stitchsim_worker.engine.objectives import OBJECTIVES
 from stitchsim_worker.engine.preparation import Prepared
-from stitchsim_worker.engine.progress import Plan
-from stitchsim_worker.engine.protocols import PROTOCOLS
+from stitchsim_worker.engine.progress import Plan, Units
 
 
 def plan_units(spec: Spec, prep: Prepared) -> Plan:
-    return job_plan(spec, len(prep.data.train), len(prep.data.test), len(prep.pairs))
+    own = prep.front_data
+    return job_plan(spec, Sizes(len(prep.data.train), len(prep.data.test), len(prep.pairs),
+                                front_train=len(own.train) if own else None,
+                                front_test=len(own.test) if own else None))
 
 
-def job_plan(spec: Spec, n_tr: int, n_te: int, n_pairs: int) -> Plan:
-    return Plan(units=job_units(spec, n_tr, n_te, n_pairs),
-                elastic=iri_cap_units(spec, n_tr, n_pairs),
+def job_plan(spec: Spec, sizes: Sizes) -> Plan:
+    return Plan(job_units(spec, sizes),
                 expect=max(IRI_EXPECT, spec.iri.steps / sum(round_lengths(spec.iri))))
 
 
@@ -37,48 +35,51 @@ alone (1/7 at the defaults) and every extra round. With extra_rounds 0 the cap i
 round and the share is 1."""
 
 
-def iri_cap_units(spec: Spec, n_tr: int, n_pairs: int) -> int:
-    """The invariance-aware protocol's IRIs in job_units, counted at their cap: how long they
-    take is known only as they converge (progress.Plan.elastic)."""
-    if "invariance_aware" not in spec.protocols:
-        return 0
-    runs = 1 + sum(CONTROLS[c].runs(spec) for c in controls_to_run(spec))
-    return len(spec.direction_list()) * n_pairs * runs * PROTOCOLS["invariance_aware"].cost(
-        spec, n_tr)
+def job_units(spec: Spec, sizes: Sizes) -> Units:
+    """The whole job: both models on the test split, then in each direction the comparison
+    at every stitch pair and the controls."""
+    directions = len(spec.direction_list())
+    return (Units(forward=_opening_units(spec, sizes))
+            + (_comparison_units(spec, sizes) + _controls_units(spec, sizes)) * directions
+            + measure_units(spec, sizes, directions))
 
 
-def job_units(spec: Spec, n_tr: int, n_te: int, n_pairs: int) -> int:
-    """The whole job's units from the dataset's split sizes and the number of stitch pairs."""
-    per_fit = spec.train.seeds * sum(OBJECTIVES[o].cost(n_tr, spec.train) for o in spec.objectives)
-    if spec.adversarial.evaluate:  # PGD against each stitched model on the test split
-        per_fit += (spec.train.seeds * len(spec.objectives) * spec.adversarial.steps
-                    * math.ceil(n_te / EVAL_BATCH))
-    per_protocol = [
-        2 * math.ceil(n_tr / EVAL_BATCH) + per_fit + PROTOCOLS[p].cost(spec, n_tr)
-        for p in spec.protocols
-    ]
-    per_run = 3 * math.ceil(n_te / EVAL_BATCH) + sum(per_protocol)
-    runs = 1 + sum(CONTROLS[c].runs(spec) for c in controls_to_run(spec))
-    stitches = len(spec.direction_list()) * n_pairs
-    return (2 * math.ceil(n_te / EVAL_BATCH) + stitches * per_run * runs
-            + measure_units(spec, n_tr, n_te, stitches))
+def _opening_units(spec: Spec, sizes: Sizes) -> int:
+    """JobContext.open: each model's logits on its test split, in training batches."""
+    n = 2 * passes(sizes.test, spec.train.batch_size)
+    if sizes.front_test is not None:
+        n += passes(sizes.front_test, spec.train.batch_size)
+    return n
+
+
+def _comparison_units(spec: Spec, sizes: Sizes) -> Units:
+    """job.compare in one direction, less the measures: per stitch pair its test split and
+    every protocol's rows."""
+    per_cut = test_split_units(sizes) + rows_units(spec, sizes, sizes.train, [sizes.test])
+    return per_cut * sizes.pairs
+
+
+def _controls_units(spec: Spec, sizes: Sizes) -> Units:
+    total = Units()
+    for name in controls_to_run(spec):
+        total += CONTROLS[name].cost(spec, sizes)
+    return total
 
 
 _TRAIN, _IRI = TrainSettings(), IRISettings()
 
 
-def what_to_shrink(spec: Spec, n_pairs: int) -> list[str]:
+def what_to_shrink(spec: Spec, sizes: Sizes) -> list[str]:
     """The spec's fields that multiply its cost beyond the defaults, largest factor first."""
     factors = {
         "train.epochs": spec.train.epochs / _TRAIN.epochs,
         "train.seeds": spec.train.seeds / _TRAIN.seeds,
         "train.batch_size (larger is cheaper)": _TRAIN.batch_size / spec.train.batch_size,
-        "layers": float(n_pairs),
+        "layers": float(sizes.pairs),
         "objectives": float(len(spec.objectives)),
         "protocols": float(len(spec.protocols)),
         "directions": float(len(spec.direction_list())),
-        "controls / control_settings": float(
-            1 + sum(CONTROLS[c].runs(spec) for c in controls_to_run(spec))),
+        "controls / control_settings": _with_controls(spec, sizes),
     }
     if "invariance_aware" in spec.protocols:
         factors["iri.steps"] = spec.iri.steps / _IRI.steps
@@ -89,3 +90,10 @@ def what_to_shrink(spec: Spec, n_pairs: int) -> list[str]:
         factors["train.max_train_samples (unset: the whole training split)"] = 2.0
     ranked = sorted(((f, name) for name, f in factors.items() if f > 1.0), reverse=True)
     return [f"{name} (x{f:.3g})" for f, name in ranked]
+
+
+def _with_controls(spec: Spec, sizes: Sizes) -> float:
+    """How many times the comparison's work the job takes with its controls."""
+    alone = _comparison_units(spec, sizes)
+    both = alone + _controls_units(spec, sizes)
+    return both.total / max(1, alone.total)

@@ -1,37 +1,102 @@
-"""Job progress in work units (one unit ~ one batch through a network part), and the job's
-cancellation point: every stage boundary and every unit of work checks the cancel flag, so a
-cancelled job stops within a batch in any stage (preparation, extraction, IRIs, training,
-controls), not only where a loop remembers to ask.
+"""Job progress in work units (one unit ~ one batch through a network part), the job's ETA,
+and its cancellation point: every stage boundary and every unit of work checks the cancel
+flag, so a cancelled job stops within a batch in any stage (preparation, extraction, IRIs,
+training, controls), not only where a loop remembers to ask.
+
+Units come in kinds (`Kind`) whose batches take different times: a training step of the
+stitch runs 3-4x faster than a batch of 256 through both models (bench/eta_accuracy.py). The
+ETA is each kind's units left times that kind's own rate in this job, so a job that starts
+with extraction does not read its training at extraction's pace.
 
 Some work has a length known only as it runs: IRIs stop once converged, anywhere between
 their first round and their cap (every extra round). The plan counts that work at its cap as
-`elastic` units, and the total shown is the best guess of the job's real length: fixed work
+the elastic kind, and the total shown is the best guess of the job's real length: fixed work
 plus elastic work times the share of their caps the IRIs took so far (the plan's guess
-counting as one span). Work running past the guess grows the total with it, so the bar
-never stands at 100 % before the end and never passes it, and the ETA (the rate so far times
-what is left, runner.eta_seconds) counts neither unused caps nor skipped work."""
+counting as one span). A running IRI set that passes the guess is taken to run to the end of
+the round it is in (each extra round is a commitment of its full length); so the bar never
+stands at 100 % before the end and never passes it, and the ETA counts neither unused caps
+nor skipped work."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 from stitchsim_worker.engine.errors import JobCancelled
 from stitchsim_worker.engine.resources import CancelFn, ProgressFn
 
 _MIN_INTERVAL_S = 0.5
 
+Kind = Literal["forward", "train", "attack", "measure", "iri"]
+KINDS: tuple[Kind, ...] = ("forward", "train", "attack", "measure", "iri")
+ELASTIC: Kind = "iri"
+
+PRIOR_SECONDS: dict[Kind, float] = {
+    "forward": 1.0, "train": 0.6, "attack": 3.5, "measure": 0.1, "iri": 1.4}
+"""Each kind's time per unit relative to the others, for the ETA before the job has run a
+kind itself (measured on test_resnet jobs, bench/eta_accuracy.py `by kind of unit`): a
+training batch of 128 through g>j and back costs about half a batch of 256 through both
+models (0.4-0.9), an IRI unit about 1.4 of one, a unit of PGD steps 3.5, a measure's
+mini-batch a tenth."""
+
+_WARM_UP = "prepare"
+"""The stage whose units carry the first batches' warm-up (4-8x slower per unit): they do
+not teach the rates."""
+
+
+class Units:
+    """Work of some part of a job, by kind; the elastic kind (IRIs) at its cap."""
+
+    __slots__ = ("by_kind",)
+
+    def __init__(self, **by_kind: float) -> None:
+        unknown = set(by_kind) - set(KINDS)
+        if unknown:
+            raise ValueError(f"unknown kinds of work: {sorted(unknown)}")
+        self.by_kind: dict[str, float] = {k: v for k, v in by_kind.items() if v}
+
+    def __add__(self, other: Units) -> Units:
+        merged = dict(self.by_kind)
+        for k, v in other.by_kind.items():
+            merged[k] = merged.get(k, 0) + v
+        return Units(**merged)
+
+    def __mul__(self, factor: float) -> Units:
+        return Units(**{k: v * factor for k, v in self.by_kind.items()})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Units) and self.by_kind == other.by_kind
+
+    def __repr__(self) -> str:
+        return f"Units({', '.join(f'{k}={v:g}' for k, v in self.by_kind.items())})"
+
+    @property
+    def total(self) -> int:
+        return round(sum(self.by_kind.values()))
+
+    @property
+    def elastic(self) -> int:
+        return round(self.by_kind.get(ELASTIC, 0))
+
 
 @dataclass(frozen=True)
 class Plan:
-    """A job's units: `units` in all, of which `elastic` are spans counted at their cap, which
-    are expected to take `expect` of it."""
+    """A job's work, of which the elastic units are spans counted at their cap, expected to
+    take `expect` of it."""
 
-    units: int
-    elastic: int = 0
+    work: Units
     expect: float = 1.0
+
+    @property
+    def units(self) -> int:
+        return self.work.total
+
+    @property
+    def elastic(self) -> int:
+        return self.work.elastic
 
     @property
     def expected(self) -> int:
@@ -39,22 +104,56 @@ class Plan:
         return self.units - self.elastic + round(self.elastic * self.expect)
 
 
+@dataclass
+class _Span:
+    cap: float
+    weight: float
+    marks: Sequence[float]  # the cap's share at the end of each round, ascending
+    used: float = 0.0
+    seconds: float = 0.0  # the time its steps took
+
+    def rate(self) -> float | None:
+        """Its seconds per unit, once it has run long enough to tell."""
+        return self.seconds / self.used if self.used >= 1 and self.seconds >= 0.5 else None
+
+    def expected(self, expect: float) -> float:
+        """Units this span is expected to take in all: the guess; past it, the end of the
+        first round; past that, the cap. IRIs that the first round did not settle kept
+        needing every extra round on the bench's jobs (bench/eta_accuracy.py `iri`), and
+        nothing seen inside a round tells the two apart: the median distance falls alike
+        in a round that will settle and one that will not."""
+        share = expect
+        first = self.marks[0] if self.marks else 1.0
+        if self.used > first * self.cap:
+            share = 1.0
+        elif self.used > share * self.cap:
+            share = first
+        return min(self.cap, share * self.cap)
+
+
 class Tracker:
-    def __init__(self, fn: ProgressFn | None, should_cancel: CancelFn | None):
+    def __init__(self, fn: ProgressFn | None, should_cancel: CancelFn | None,
+                 clock: Callable[[], float] = time.monotonic):
         self._fn = fn
+        self._clock = clock
         self.should_cancel: CancelFn = should_cancel or (lambda: False)
         self.stage = "starting"
         self.done = 0
+        self._done = 0.0  # done, with the fractions of steps over part of a batch
         self.total = 0
         self._last = 0.0
         self.timings: dict[str, float] = {}
         self._stage_started = time.perf_counter()
         self._focus: dict[str, str | None] = {}
-        self._fixed_left = 0  # planned units outside spans, not done yet
-        self._elastic_left = 0  # the caps of the spans not started yet
+        self._left: dict[str, float] = {}  # planned fixed units not done yet, by kind
+        self._elastic_left = 0.0  # the caps of the spans not started yet
         self._expect = 1.0  # share of a span's cap it is expected to take
-        self._used = self._capped = 0  # units finished spans took, and their caps
-        self._span: list[int] | None = None  # [cap, used, weight] of the running span
+        self._used = self._capped = 0.0  # units finished spans took, and their caps
+        self._span: _Span | None = None
+        self._last_span_rate: float | None = None
+        self._seconds: dict[str, float] = {}  # time each kind took, past the warm-up
+        self._units: dict[str, float] = {}  # and its units
+        self._last_step = clock()
 
     def focus(self, **details: str | None) -> None:
         """What the job is working on inside the stage (stitch point, protocol, objective):
@@ -69,13 +168,14 @@ class Tracker:
         if self.should_cancel():
             raise JobCancelled()
 
-    def plan(self, units: int | Plan) -> None:
+    def plan(self, plan: Plan) -> None:
         self.check_cancel()
-        p = units if isinstance(units, Plan) else Plan(units)
-        self._fixed_left += p.units - p.elastic
-        self._elastic_left += p.elastic
-        if p.elastic:
-            self._expect = p.expect
+        for kind, units in plan.work.by_kind.items():
+            if kind != ELASTIC:
+                self._left[kind] = self._left.get(kind, 0) + units
+        if plan.elastic:
+            self._elastic_left += plan.work.by_kind[ELASTIC]
+            self._expect = plan.expect
         self._retotal()
         self._emit(force=True)
 
@@ -85,50 +185,108 @@ class Tracker:
         self.stage = stage
         self._emit(force=True)
 
-    def step(self, units: int = 1) -> None:
+    def counter(self, kind: Kind) -> Callable[[float], None]:
+        """step() for units of one kind, for loops that take a callback."""
+        return lambda units=1: self.step(units, kind)
+
+    def step(self, units: float = 1, kind: Kind = "forward") -> None:
         self.check_cancel()
+        now = self._clock()
         if self._span is not None:
-            units *= self._span[2]
-            self._span[1] += units
+            kind = ELASTIC
+            units *= self._span.weight
+            self._span.used += units
         else:
-            self._fixed_left = max(0, self._fixed_left - units)
-        self.done += units
+            self._left[kind] = max(0.0, self._left.get(kind, 0) - units)
+        if self.stage != _WARM_UP:
+            self._seconds[kind] = self._seconds.get(kind, 0.0) + now - self._last_step
+            self._units[kind] = self._units.get(kind, 0.0) + units
+            if self._span is not None:
+                self._span.seconds += now - self._last_step
+        self._last_step = now
+        self._done += units
+        self.done = round(self._done)
         self._retotal()
         self._emit()
 
     @contextmanager
-    def span(self, cap: int, weight: int = 1) -> Iterator[None]:
-        """Work planned at `cap` units (elastic) that stops when it is done; each step inside
-        counts `weight` units. When it ends, what it did not use leaves the plan, and what it
-        used teaches the guess for the spans still to come (cache hits, using nothing, do not)."""
+    def span(self, cap: int, weight: float = 1, marks: Sequence[float] = ()) -> Iterator[None]:
+        """Elastic work planned at `cap` units that stops when it is done; each step inside
+        counts `weight` units (a fraction when steps are of the samples still live), and
+        `marks` are the shares of the cap at which it may stop (its rounds' ends). When it
+        ends, what it did not use leaves the plan, and what it used teaches the guess for the
+        spans still to come (cache hits, using nothing, do not)."""
         if self._span is not None:  # nested: the outer span accounts for it
             yield
             return
         took = min(cap, self._elastic_left)
         self._elastic_left -= took
-        self._fixed_left = max(0, self._fixed_left - (cap - took))  # a span the plan had fixed
-        self._span = [cap, 0, weight]
+        if cap > took:  # a span the plan had counted as fixed work
+            self._left["forward"] = max(0.0, self._left.get("forward", 0) - (cap - took))
+        self._span = _Span(cap, weight, sorted(marks))
         try:
             yield
         finally:
-            _, used, _ = self._span
+            used, rate = self._span.used, self._span.rate()
+            self._last_span_rate = rate or self._last_span_rate
             self._span = None
             if used:
                 # The plan's guess counts as one span more: a first shallow stitch point that
                 # converged in one round must not make the deeper ones look as quick.
                 if not self._capped:
-                    self._used, self._capped = round(self._expect * cap), cap
+                    self._used, self._capped = self._expect * cap, float(cap)
                 self._used, self._capped = self._used + used, self._capped + cap
                 self._expect = self._used / self._capped
+            self._last_step = self._clock()
             self._retotal()
             self._emit(force=True)
 
-    def _retotal(self) -> None:
-        left = self._fixed_left + round(self._elastic_left * self._expect)
+    def _expect_now(self) -> float:
+        """The share of their caps the spans not started yet are expected to take: what the
+        finished ones took, and the running one's expected share once it shows more than the
+        guess (a set that needed an extra round says the others will too)."""
+        span = self._span
+        if span is None or span.expected(self._expect) <= self._expect * span.cap:
+            return self._expect
+        used, capped = (self._used, self._capped) if self._capped else (
+            self._expect * span.cap, span.cap)  # the plan's guess as one span
+        return (used + span.expected(self._expect)) / (capped + span.cap)
+
+    def _left_by_kind(self) -> dict[str, float]:
+        left = {k: v for k, v in self._left.items() if v > 0}
+        elastic = self._elastic_left * self._expect_now()
         if self._span is not None:
-            cap, used, _ = self._span
-            left += max(0, min(cap, round(cap * self._expect)) - used)
-        self.total = self.done + left
+            elastic += max(0.0, self._span.expected(self._expect) - self._span.used)
+        if elastic > 0:
+            left[ELASTIC] = elastic
+        return left
+
+    def _retotal(self) -> None:
+        self.total = self.done + round(sum(self._left_by_kind().values()))
+
+    def eta_s(self) -> float | None:
+        """Seconds left: each kind's units left at its rate in this job so far; a kind not
+        run yet at the rate of those that ran, scaled by PRIOR_SECONDS."""
+        if self.stage == "done":
+            return 0.0
+        seen = {k: self._seconds[k] / u for k, u in self._units.items() if u > 0}
+        if not seen:
+            return None
+        # IRIs run shallow stitch points first and a deeper front part costs more a step: the
+        # latest set's pace, not the average, is the one the sets to come will keep.
+        latest = (self._span.rate() if self._span is not None else None) or self._last_span_rate
+        if latest is not None:
+            seen[ELASTIC] = latest
+        # One second of prior-weighted work at this job's pace, from every kind seen.
+        pace = sum(self._seconds.values()) / sum(
+            u * PRIOR_SECONDS[k] for k, u in self._units.items())  # type: ignore[index]
+        return round(sum(units * seen.get(k, pace * PRIOR_SECONDS[k])  # type: ignore[index]
+                         for k, units in self._left_by_kind().items()), 1)
+
+    def unit_seconds(self) -> dict[str, float]:
+        """Each kind's seconds per unit in this job (past the warm-up): what PRIOR_SECONDS and
+        the operator's seconds-per-unit setting are calibrated from."""
+        return {k: round(self._seconds[k] / u, 5) for k, u in self._units.items() if u > 0}
 
     def finish(self) -> None:
         self._close_stage()
@@ -142,7 +300,7 @@ class Tracker:
         self._stage_started = now
 
     def _emit(self, force: bool = False) -> None:
-        now = time.monotonic()
+        now = self._clock()
         if self._fn is not None and (force or now - self._last >= _MIN_INTERVAL_S):
             self._last = now
-            self._fn(self.stage, self.done, self.total)
+            self._fn(self.stage, self.done, self.total, self.eta_s() if self.total else None)

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from stitchsim.models import IRIStats, Protocol, Spec
+from stitchsim.models import IRISettings, IRIStats, Protocol, Spec
 from stitchsim_worker.engine import iri
 from stitchsim_worker.engine.attacks import pgd
 from stitchsim_worker.engine.bank import Bank
-from stitchsim_worker.engine.context import Cut, JobContext
+from stitchsim_worker.engine.context import EVAL_BATCH, Cut, JobContext
 from stitchsim_worker.engine.errors import SpecError
+from stitchsim_worker.engine.progress import Units
 from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.split import BackPart
 from stitchsim_worker.engine.splits import InputSet, Split, train_split
@@ -36,8 +37,8 @@ class ProtocolEntry:
     description: str
     train_split: TrainSplitFn
     """(ctx, cut, training inputs, back alignment points) -> split to fit T on, and stats."""
-    cost: Callable[[Spec, int], int]
-    """Work units it adds to one stitch on n training samples, beyond fitting."""
+    cost: Callable[[Spec, int], Units]
+    """Work units its training split of n inputs takes (the fits are costs.fit_units)."""
     augment: Callable[[JobContext, Cut, list[str]], Augment] | None = None
     """Rewrites each training batch against the stitch being trained (adversarial)."""
     test_split: Callable[[JobContext, Cut], Split] | None = None
@@ -59,14 +60,15 @@ def _standard(
     return train_split(ctx, cut, inputs.pixels, inputs.labels, points), None
 
 
-def _no_cost(_spec: Spec, _n: int) -> int:
-    return 0
+def _extraction(_spec: Spec, n: int) -> Units:
+    """train_split: the back model's probe and the front part, one pass each."""
+    return Units(forward=2 * math.ceil(n / EVAL_BATCH))
 
 
 register_protocol(ProtocolEntry(
     name="standard", label="standard",
     description="T is trained on the training split, towards the back model's processing of it",
-    train_split=_standard, cost=_no_cost,
+    train_split=_standard, cost=_extraction,
 ))
 
 
@@ -78,10 +80,17 @@ IRI_STEP_UNITS = 3
 
 
 def iri_units(spec: Spec, n: int) -> int:
-    """Planned at the cap (every extra round run): the progress span gives back what the
-    batches did not need when they stop, so the bar never waits at 100 % in an extra round."""
+    """Planned at the cap (every extra round run, every sample to the end): the progress span
+    gives back what the samples did not need when they stop, so the bar never waits at 100 %
+    in an extra round."""
     steps = sum(iri.round_lengths(spec.iri))
-    return IRI_STEP_UNITS * steps * math.ceil(n / spec.iri.batch_size)
+    return max(1, round(IRI_STEP_UNITS * steps * n / spec.iri.batch_size))
+
+
+def round_ends(settings: IRISettings) -> list[float]:
+    """The share of the IRIs' cap at the end of each round: where a set of IRIs may stop."""
+    lengths = iri.round_lengths(settings)
+    return [sum(lengths[: r + 1]) / sum(lengths) for r in range(len(lengths))]
 
 
 def _iris(ctx: JobContext, cut: Cut, inputs: InputSet) -> iri.IRIResult:
@@ -90,15 +99,17 @@ def _iris(ctx: JobContext, cut: Cut, inputs: InputSet) -> iri.IRIResult:
     ctx.tracker.enter(f"iri {cut.f.where} {cut.i}")
     key = iri.cache_key(ctx.identity(cut.f), cut.i, inputs.digest, settings)
 
-    def on_batch() -> None:
+    def on_step(live: int) -> None:
         ctx.check_cancel()
-        ctx.tracker.step()
+        ctx.tracker.step(live)
 
-    # A cache hit takes no steps: the span gives its units back at once.
-    with ctx.tracker.span(iri_units(ctx.spec, inputs.pixels.n), weight=IRI_STEP_UNITS):
+    # A step costs as much as the samples still being stepped (the converged ones have left
+    # the batch). A cache hit takes no steps: the span gives its units back at once.
+    with ctx.tracker.span(iri_units(ctx.spec, inputs.pixels.n),
+                          weight=IRI_STEP_UNITS / settings.batch_size, marks=round_ends(settings)):
         result = iri.get_iris(
             key=key, cache=ctx.iri_cache, front=cut.f.front(cut.i), pixels=inputs.pixels,
-            settings=settings, banks=ctx.banks, device=ctx.device, on_batch=on_batch,
+            settings=settings, banks=ctx.banks, device=ctx.device, on_step=on_step,
         )
     stats = result.stats
     if not stats.converged:
@@ -117,11 +128,15 @@ def _invariance_aware(
     return train_split(ctx, cut, result.images, inputs.labels, points), result.stats
 
 
+def _iris_and_extraction(spec: Spec, n: int) -> Units:
+    return _extraction(spec, n) + Units(iri=iri_units(spec, n))
+
+
 register_protocol(ProtocolEntry(
     name="invariance_aware", label="invariance-aware",
     description="T is trained on IRIs: inputs the front model cannot tell from the training "
     "inputs at the stitch point, towards the back model's own processing of the IRIs",
-    train_split=_invariance_aware, cost=iri_units,
+    train_split=_invariance_aware, cost=_iris_and_extraction,
 ))
 
 
@@ -154,7 +169,7 @@ def _adversarial_augment(ctx: JobContext, cut: Cut, points: list[str]) -> Augmen
         with torch.no_grad():
             a_adv = front(x_adv)
             g_logits, *g_feats = probe(x_adv)
-        ctx.tracker.step(settings.steps)
+        ctx.tracker.step(settings.steps, "attack")
 
         def swap(t: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
             t = t.clone()
@@ -170,17 +185,12 @@ def _adversarial_augment(ctx: JobContext, cut: Cut, points: list[str]) -> Augmen
     return augment
 
 
-def _adversarial_cost(spec: Spec, n: int) -> int:
-    batches = math.ceil(n / spec.train.batch_size)
-    return spec.adversarial.steps * spec.train.epochs * batches * len(spec.objectives)
-
-
 register_protocol(ProtocolEntry(
     name="adversarial", label="adversarial",
     description="T is trained on the training split with a fraction alpha of each batch "
     "replaced by PGD inputs crafted against the stitched model, towards the back model's "
     "processing of the same adversarial inputs",
-    train_split=_standard, cost=_adversarial_cost, augment=_adversarial_augment,
+    train_split=_standard, cost=_extraction, augment=_adversarial_augment,
 ))
 
 
@@ -245,6 +255,6 @@ register_protocol(ProtocolEntry(
     description="front and back models of different tasks: T is trained with the front "
     "model's own images and hard labels paired into the back model's classes; it measures "
     "compatibility, not shared meaning (read it against the clustered-noise floor)",
-    train_split=_cross_task_train, cost=_no_cost, test_split=_cross_task_test,
+    train_split=_cross_task_train, cost=_extraction, test_split=_cross_task_test,
     in_controls=False,
 ))

@@ -9,8 +9,9 @@ from pathlib import Path
 from stitchsim.models import LocalPath
 from stitchsim_worker.engine.errors import SpecError
 
-ProgressFn = Callable[[str, int, int], None]
-"""progress(stage, done, total): called as long stages advance."""
+ProgressFn = Callable[[str, int, int, float | None], None]
+"""progress(stage, done, total, eta_s): called as long stages advance; eta_s is the engine's
+estimate of the seconds left (None until it has measured any work)."""
 
 CancelFn = Callable[[], bool]
 """should_cancel(): polled between batches; True stops the job with JobCancelled."""

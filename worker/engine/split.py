@@ -16,6 +16,7 @@ import torch
 import torch.fx as fx
 from timm.models._features_fx import get_notrace_functions, get_notrace_modules
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 log = logging.getLogger(__name__)
 
@@ -263,6 +264,7 @@ class PointTrace:
     dtype: torch.dtype
     calls: int  # how many times the module ran in one forward pass
     alias_of: str | None  # the first point whose output is this very tensor, unchanged
+    flops: float = 0.0  # floating-point operations a sample took until this output was made
 
 
 def module_order(net: nn.Module, x: torch.Tensor) -> dict[str, PointTrace]:
@@ -288,10 +290,13 @@ def module_order(net: nn.Module, x: torch.Tensor) -> dict[str, PointTrace]:
             alias[name] = owner.get(key)
             owner.setdefault(key, name)
             first[name] = out
+            flops[name] = counter.get_total_flops() / max(1, len(x))
 
         handles.append(module.register_forward_hook(hook))
+    # Counted from the shapes (it works on the meta device): what the job's parts will cost.
+    counter, flops = FlopCounterMode(display=False), dict[str, float]()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), counter:
             net(x)
     finally:
         for h in handles:
@@ -303,6 +308,7 @@ def module_order(net: nn.Module, x: torch.Tensor) -> dict[str, PointTrace]:
             dtype=out.dtype,
             calls=calls[name],
             alias_of=alias[name],
+            flops=flops[name],
         )
         for name, out in first.items()
     }

@@ -161,11 +161,14 @@ def train_stitch(task: FitTask, loss_fn: LossFn, with_feats: bool) -> float:
 
 @torch.no_grad()
 def stitched_logits(
-    stitch: StitchLayer, back: BackPart, split: Split, batch_size: int, device: torch.device
+    stitch: StitchLayer, back: BackPart, split: Split, batch_size: int, device: torch.device,
+    on_batch: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     out = []
     for idx in batches(len(split), batch_size):
         b = _batch(split, idx, device, pixels=back.needs_input, feats=False)
         logits, _ = back(stitch(b.inputs), b.pixels)
         out.append(logits.float().cpu())
+        if on_batch is not None:
+            on_batch(1)
     return torch.cat(out)

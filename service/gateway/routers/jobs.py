@@ -14,6 +14,7 @@ from starlette.types import Scope, Send
 from stitchsim.models import ErrorBody, JobList, JobState, JobStatus, Report
 from stitchsim_service.core import jobs
 from stitchsim_service.core.context import Context
+from stitchsim_service.core.db import JobRow
 from stitchsim_service.core.metrics import LATENCY, REQUESTS
 from stitchsim_service.core.store import is_job_id
 from stitchsim_service.gateway.deps import cached_owner, get_ctx, get_owner, key_from_headers
@@ -88,57 +89,117 @@ _PREFIX = "/jobs/"
 _HEADERS = [(b"content-type", b"application/json")]
 
 
+class QuietPolls(logging.Filter):
+    """On uvicorn's access logger: drops the lines of answered status polls (200 to GET
+    /jobs/{id}) unless STITCHSIM_ACCESS_LOG_POLLS, so a poll answered by the app or the route
+    is logged as one answered by the protocol (which writes none) is; every other line stays."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if not isinstance(args, tuple) or len(args) != 5:
+            return True
+        _, method, path, _, status = args
+        return not (status == 200 and method == "GET" and isinstance(path, str)
+                    and len(path) == 38 and path.startswith(_PREFIX) and is_job_id(path[6:]))
+
+
+QUIET_POLLS = QuietPolls()
+
+
 class StatusPolls:
     """GET /jobs/{id}, the request pollers repeat, answered before FastAPI's middleware,
-    routing and dependency machinery (most of a poll's CPU; the gateway app calls answer()
-    first): the owner from the key cache, one primary-key read of the job table (on the event
-    loop where it cannot block: SQLite), the body as the route builds it, counted in the same
-    metrics. Whatever it cannot answer at once (a key not seen lately, no key where one is
-    needed, a job not the caller's, a busy table, any error) goes on to the route, which
-    answers as always: a shortcut for 200s, never a second set of rules.
+    routing and dependency machinery (most of a poll's CPU): the owner from the key cache,
+    one primary-key read of the job table (on the event loop where it cannot block: SQLite),
+    the body as the route builds it, counted in the same metrics. Two callers: the gateway
+    app (answer(), before its middleware) and, earlier still, the HTTP protocol
+    (edge.GuardedProtocol, which answers a poll from its parsed headers without an ASGI
+    request cycle). Whatever it cannot answer at once (a key not seen lately, no key where
+    one is needed, a job not the caller's, a busy table, any error) goes on to the route,
+    which answers as always: a shortcut for 200s, never a second set of rules.
 
-    Nothing is cached but keys (deps._KeyCache): each poll reads the table, so every
-    gateway process answers from the same truth."""
+    Nothing is cached but keys (deps._KeyCache) and, per job, the body last rendered beside
+    the raw row it came from: each poll still reads the table, and the body is reused only
+    when the row read now is the same row, so every gateway process answers from the same
+    truth and a change shows on the next poll."""
 
     ROUTE = "/jobs/{job_id}"
+    _MAX_BODIES = 4096  # jobs whose rendered body is kept; beyond it the cache starts afresh
 
     def __init__(self) -> None:
+        self.ctx: Context | None = None  # the app's, once started
         self._count = REQUESTS.labels("GET", self.ROUTE, "200")
         self._latency = LATENCY.labels("GET", self.ROUTE)
+        # job id -> (raw row, its owner, the body rendered from it); read and written on the
+        # event loop only (answer_now).
+        self._bodies: dict[str, tuple[tuple[object, ...], str, bytes]] = {}
 
-    async def answer(self, ctx: Context | None, scope: Scope, send: Send) -> bool:
+    def count(self, start: float) -> None:
+        """Count an answered poll in the route's metrics (start: its perf_counter)."""
+        self._count.inc()
+        self._latency.observe(time.perf_counter() - start)
+
+    async def answer(self, scope: Scope, send: Send) -> bool:
         """True when the poll was answered here; False: pass it on, nothing was sent."""
+        ctx = self.ctx
         path = scope["path"]
         if (len(path) != 38 or scope["method"] != "GET" or not path.startswith(_PREFIX)
                 or scope.get("query_string") or ctx is None):
             return False
         start = time.perf_counter()
-        body = await self._body(ctx, scope, path[len(_PREFIX):])
+        client = scope.get("client")
+        key = key_from_headers(scope["headers"])
+        if ctx.db.nonblocking_lookups:
+            body = self.answer_now(ctx, path[len(_PREFIX):], key, client[0] if client else None)
+        else:
+            body = await self._threaded_body(ctx, path[len(_PREFIX):], key,
+                                             client[0] if client else None)
         if body is None:
             return False
         await send({"type": "http.response.start", "status": 200,
                     "headers": [*_HEADERS, (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
-        self._count.inc()
-        self._latency.observe(time.perf_counter() - start)
+        self.count(start)
         return True
 
-    async def _body(self, ctx: Context, scope: Scope, job_id: str) -> bytes | None:
+    def answer_now(self, ctx: Context, job_id: str, key: str | None,
+                   client: str | None) -> bytes | None:
+        """The body of a poll of job_id, read without waiting (SQLite: the caller checked
+        ctx.db.nonblocking_lookups), or None: the route decides. On the event loop."""
         if not is_job_id(job_id):
             return None
-        client = scope.get("client")
-        owner = cached_owner(ctx.settings, key_from_headers(scope["headers"]),
-                             client[0] if client else None)
+        owner = cached_owner(ctx, key, client)
         if owner is None:
             return None
+        table = JobRow.__table__
         try:
-            if ctx.db.nonblocking_lookups:
-                row = jobs.find_job(ctx, owner, job_id)
-            else:
-                row = await to_thread.run_sync(jobs.find_job, ctx, owner, job_id)
-            return jobs.status_json(row) if row is not None else None
+            raw = ctx.db.lookup_raw(table, job_id)  # type: ignore[arg-type]
+            if raw is None:
+                return None
+            hit = self._bodies.get(job_id)
+            if hit is not None and hit[0] == raw:
+                return hit[2] if hit[1] == owner else None
+            row = ctx.db.row_of(table, raw)  # type: ignore[arg-type]
+            body = jobs.status_json(row)
         except sqlite3.OperationalError as exc:  # busy or locked: the route waits for it
             log.debug("status poll of %s goes the threaded way: %s", job_id, exc)
+            return None
+        except Exception:  # the route reports it (503 for a job table that is down)
+            log.debug("status poll of %s goes the threaded way", job_id, exc_info=True)
+            return None
+        if len(self._bodies) >= self._MAX_BODIES:
+            self._bodies.clear()
+        self._bodies[job_id] = (raw, row.owner, body)
+        # find_job's rule: another owner's job is not found (the route answers 404).
+        return body if row.owner == owner else None
+
+    async def _threaded_body(self, ctx: Context, job_id: str, key: str | None,
+                             client: str | None) -> bytes | None:
+        owner = cached_owner(ctx, key, client)
+        if owner is None or not is_job_id(job_id):
+            return None
+        try:
+            row = await to_thread.run_sync(jobs.find_job, ctx, owner, job_id)
+            return jobs.status_json(row) if row is not None else None
         except Exception:  # the route reports it (503 for a job table that is down)
             log.debug("status poll of %s goes the threaded way", job_id, exc_info=True)
         return None
