@@ -16,7 +16,7 @@ from stitchsim.models import IRISettings, ModelRef
 from stitchsim_worker.engine.bank import BankBuilder
 from stitchsim_worker.engine.data import builtin
 from stitchsim_worker.engine.device import pick_device
-from stitchsim_worker.engine.iri import synthesize
+from stitchsim_worker.engine.iri import Kernels, synthesize
 from stitchsim_worker.engine.metrics import per_sample_distance
 from stitchsim_worker.engine.models import build_model, save_checkpoint
 from stitchsim_worker.engine.network import Network
@@ -32,6 +32,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--device", default="auto")
+    parser.add_argument(
+        "--plain-kernels",
+        action="store_true",
+        help="IRISettings.fast_kernels false, for the floor and the synthesis",
+    )
     args = parser.parse_args()
     device = pick_device(args.device)
     data = builtin("digits")
@@ -53,18 +58,27 @@ def main() -> None:
         pixels.write(0, data.train.images[: args.n])
         # Every sample takes every step: this measures the cost of a step against the floor
         # (bench/iri_convergence.py measures the steps saved by early stopping and schedules).
-        settings = IRISettings(steps=args.steps, batch_size=args.batch_size,
-                               schedule="constant", extra_rounds=0, stop_below=None)
+        settings = IRISettings(
+            steps=args.steps,
+            batch_size=args.batch_size,
+            schedule="constant",
+            extra_rounds=0,
+            stop_below=None,
+            fast_kernels=not args.plain_kernels,
+        )
 
-        # Floor: exactly one forward + backward of f<=i per step and batch, nothing else.
+        # Floor: exactly one forward + backward of f<=i per step and batch, nothing else, on
+        # the kernels the synthesis picks (IRISettings.fast_kernels).
         x = data.train.images[: args.batch_size].to(device)
-        with torch.no_grad():
-            target = front(x)
+        kernels = Kernels.pick(settings, device, front(x[:1]).dim())
+        with torch.no_grad(), kernels.mode():
+            target = front(kernels.images(x))
 
         def floor_step() -> None:
-            xi = torch.rand_like(x).requires_grad_(True)
-            d = per_sample_distance(front(xi), target)
-            torch.autograd.grad(d.sum(), xi)
+            xi = kernels.images(torch.rand_like(x)).requires_grad_(True)
+            with kernels.mode():
+                d = per_sample_distance(front(xi), target)
+                torch.autograd.grad(d.sum(), xi)
 
         floor_step()
         t0 = time.perf_counter()
@@ -82,7 +96,7 @@ def main() -> None:
     rate = args.n * args.steps / seconds
     print(
         f"IRI synthesis: {args.arch} up to {args.point}, {args.n} inputs x {args.steps} steps "
-        f"on {device} ({torch.get_num_threads()} threads)"
+        f"on {device} ({torch.get_num_threads()} threads, {kernels})"
     )
     print(f"  synthesis: {rate:10.0f} input-steps/s  ({seconds:.1f} s)")
     print(f"  floor:     {floor:10.0f} input-steps/s  (one forward+backward of the front part)")

@@ -146,10 +146,17 @@ class IRISettings(_Strict):
         description="length of a cosine cycle in the first round; twice as long each extra round",
     )
     extra_rounds: int = Field(
-        default=2, ge=0, le=6,
+        default=6, ge=0, le=6,
         description="convergence-driven mode: while a batch's median distance is at or above "
-        "0.9 x converged_below, run another round of twice the previous round's steps, at most "
-        "this many times (0: off); the cap is steps * (2^(extra_rounds+1) - 1)",
+        "0.9 x converged_below, run another round of extra_round_growth times the previous "
+        "round's steps, at most this many times (0: off); the cap is the sum of the rounds "
+        "(max_steps: 700 at the defaults)",
+    )
+    extra_round_growth: int = Field(
+        default=1, ge=1, le=2,
+        description="each extra round (and its cosine cycle) is this many times as long as the "
+        "one before: 1 checks the median after every cycle of cycle_steps, so a batch stops "
+        "as soon as it is converged; 2 (the first releases) lengthens the cycles",
     )
     stop_below: float | None = Field(
         default=0.02, gt=0, le=1,
@@ -158,6 +165,20 @@ class IRISettings(_Strict):
     )
     linf: float | None = Field(
         default=None, gt=0, le=1, description="optional L-inf bound of |x' - x|"
+    )
+    extra_rounds_stop_at_aim: bool = Field(
+        default=False,
+        description="true: in an extra round, a sample below the rounds' aim (0.9 x "
+        "converged_below) leaves the batch, at the start or when it gets there, so the rounds "
+        "step only the samples that keep the median up: fewer steps, but the IRIs end just "
+        "under the aim instead of closer. false: every live sample takes every extra step",
+    )
+    fast_kernels: bool = Field(
+        default=True,
+        description="CPU: channels-last images for convolutional fronts, and the native "
+        "kernel for the input gradient of the convolution that reads the pixels (oneDNN's is "
+        "slow for 3 input channels). The same steps; float rounding differs slightly. false: "
+        "the kernels of the first releases",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     batch_size: int = Field(default=256, ge=1, le=8192)
@@ -168,14 +189,15 @@ class IRISettings(_Strict):
     @property
     def max_steps(self) -> int:
         """The most steps one sample can take: the first round and every extra round."""
-        return self.steps * (2 ** (self.extra_rounds + 1) - 1)
+        return sum(self.steps * self.extra_round_growth**r for r in range(self.extra_rounds + 1))
 
     @model_validator(mode="after")
     def _bounded_cap(self) -> IRISettings:
         if self.max_steps > MAX_IRI_STEPS:
             raise ValueError(
-                f"steps x (2^(extra_rounds+1) - 1) = {self.max_steps} steps per sample; at "
-                f"most {MAX_IRI_STEPS}: lower iri.steps or iri.extra_rounds"
+                f"the rounds (steps, then extra_rounds more, each extra_round_growth times the "
+                f"last) make {self.max_steps} steps per sample; at most {MAX_IRI_STEPS}: lower "
+                f"iri.steps or iri.extra_rounds"
             )
         return self
 

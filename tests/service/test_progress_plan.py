@@ -48,8 +48,8 @@ def test_iri_extra_rounds_move_the_bar_to_the_end(ckpts: Any, tmp_path: Path) ->
 
     path = {"checkpoint": {"path": str(ckpts.digits_resnet)}}
     # Distances never fall below 1e-6: every batch runs all its extra rounds.
-    iri = {"steps": 4, "cycle_steps": 4, "extra_rounds": 2, "stop_below": None,
-           "converged_below": 1e-6, "batch_size": 64}
+    iri = {"steps": 4, "cycle_steps": 4, "extra_rounds": 2, "extra_round_growth": 2,
+           "stop_below": None, "converged_below": 1e-6, "batch_size": 64}
     spec = Spec.model_validate(tiny_spec(path, path, protocols=["invariance_aware"], iri=iri,
                                          train={"epochs": 1, "max_train_samples": 128,
                                                 "max_test_samples": 64, "seed": 0}))
@@ -95,22 +95,21 @@ def test_each_kind_of_work_is_timed_at_its_own_pace() -> None:
     assert etas[-1] == 0.0
 
 
-def test_an_iri_set_past_its_first_round_expects_every_round() -> None:
+def test_a_running_iri_round_is_counted_to_its_end_and_teaches_the_sets_to_come() -> None:
     clock = _Clock()
     t = Tracker(None, None, clock=clock)
-    # Two IRI sets capped at 70 units each, rounds ending at 1/7, 3/7 and all of the cap;
-    # expected to take 0.4 of it.
+    # Two IRI sets capped at 70 units each, in 7 rounds of 10; expected to take 0.4 of it.
     t.plan(Plan(Units(forward=10, iri=140), expect=0.4))
     t.enter("iri a")
     assert t.total == 10 + 56
-    with t.span(70, weight=1, marks=[1 / 7, 3 / 7, 1.0]):
-        for _ in range(10):  # the first round: 10 of 70
+    with t.span(70, weight=1, marks=[k / 7 for k in range(1, 8)]):
+        for _ in range(15):  # into the second round: still within the guess of 28
             clock.now += 1.0
             t.step()
-        assert t.total == 10 + 56  # nothing seen yet says more than the guess
-        clock.now += 1.0
-        t.step()  # into the second round: this set takes its cap, and the next one
-        # expects (0.4 + 1) / 2 of its own, the guess counting as one set.
-        assert t.total == 11 + (70 - 11) + 10 + round(0.7 * 70)
+        assert t.total == 10 + 56
+        for _ in range(16):  # into the fourth round: this set takes at least 40 units, and
+            clock.now += 1.0  # the next one expects (0.4 * 70 + 40) / 140 of its own, the
+            t.step()  # guess counting as one set
+        assert t.total == 31 + (40 - 31) + 10 + round((28 + 40) / 140 * 70)
         forward_pace = PRIOR_SECONDS["forward"] / PRIOR_SECONDS["iri"]  # not seen yet
-        assert t.eta_s() == pytest.approx((70 - 11) + 0.7 * 70 + 10 * forward_pace, abs=0.05)
+        assert t.eta_s() == pytest.approx((40 - 31) + 34 + 10 * forward_pace, abs=0.05)

@@ -8,8 +8,11 @@ that does not share its invariances can.
 How (IRISettings): the step follows a cosine schedule (or stays constant, the original
 method); each sample keeps its best iterate; a sample whose distance falls below `stop_below`
 stops and leaves the batch (compaction: later steps cost only the live samples); while a
-batch's median is short of the convergence line, extra rounds of doubling length run, up to
-`extra_rounds`. Everything is a function of the settings and the seed: deterministic.
+batch's median is short of the convergence line, extra rounds run (each as long as the first,
+or growing), up to `extra_rounds`; with `extra_rounds_stop_at_aim`, only the samples still
+above the rounds' aim take them. On the CPU, `fast_kernels` picks the memory format and the
+kernel of the pixel gradient (see Kernels). Everything is a function of the settings and the
+seed: deterministic on one device type.
 """
 
 from __future__ import annotations
@@ -29,17 +32,20 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from stitchsim.models import IRISettings, IRIStats
 from stitchsim_worker.engine.bank import Bank, BankBuilder
 from stitchsim_worker.engine.data import file_sha256
 from stitchsim_worker.engine.device import autocast
 from stitchsim_worker.engine.metrics import per_sample_distance
+from torch.overrides import TorchFunctionMode
 
 log = logging.getLogger(__name__)
 # Extra rounds run until a batch's median is below this share of the convergence line: a
 # median that lands just under the line in one batch can sit on it in the whole set.
 EXTRA_ROUNDS_AIM = 0.9
-CACHE_FORMAT = "iri-v2"  # v2: schedules, early stopping, extra rounds
+CACHE_FORMAT = "iri-v3"  # v2: schedules, early stopping, extra rounds; v3: fast kernels,
+# extra rounds of one length and optionally stopping at the aim, the median as reported
 
 
 @dataclass
@@ -193,10 +199,10 @@ class _Batch:
 def step_schedule(settings: IRISettings, length: int, round_index: int = 0) -> list[float]:
     """Step sizes of one round. Cosine: large steps cross the noise floor fast, the small ones
     at the end of each cycle settle into a minimum. Cycles restart every cycle_steps in the
-    first round and are twice as long in each extra round (a slower fall settles deeper)."""
+    first round and are extra_round_growth times as long in each extra round."""
     if settings.schedule == "constant":
         return [settings.step_size] * length
-    cycle = min(settings.cycle_steps * 2**round_index, length)
+    cycle = min(settings.cycle_steps * settings.extra_round_growth**round_index, length)
     return [
         settings.step_size * 0.5 * (1 + math.cos(math.pi * (t % cycle) / cycle))
         for t in range(length)
@@ -204,8 +210,14 @@ def step_schedule(settings: IRISettings, length: int, round_index: int = 0) -> l
 
 
 def round_lengths(settings: IRISettings) -> list[int]:
-    """The first round, then the convergence-driven ones, each twice the one before."""
-    return [settings.steps * 2**r for r in range(settings.extra_rounds + 1)]
+    """The first round, then the convergence-driven ones, each extra_round_growth times the
+    one before. Rounds of one cycle each (the default) end where the median is checked: a batch
+    that has converged takes no more steps than it needs, to the cycle (bench/iri_convergence:
+    at a CNN's stage points the first release's doubling rounds took 300-700 steps, equal
+    ones 200-500 to a median no further than the old method's)."""
+    return [
+        settings.steps * settings.extra_round_growth**r for r in range(settings.extra_rounds + 1)
+    ]
 
 
 def _project(x_iri: torch.Tensor, x: torch.Tensor, linf: float | None) -> torch.Tensor:
@@ -230,11 +242,128 @@ class _Active:
         return len(self.index)
 
 
+# oneDNN computes the input gradient of a convolution with this few input channels (the one
+# that reads the pixels) 2-15x slower than the native kernel (a ViT's patch embedding: most of
+# a step); every other convolution is faster in oneDNN.
+FEW_CHANNELS = 4
+
+
+class _PixelConvGrad(torch.autograd.Function):
+    """conv2d whose input gradient comes from the native kernel (the weights are frozen)."""
+
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        stride: list[int],
+        padding: list[int],
+        dilation: list[int],
+        groups: int,
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.conv = (stride, padding, dilation, groups)  # type: ignore[attr-defined]
+        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+
+    @staticmethod
+    def backward(  # type: ignore[override]
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors  # type: ignore[attr-defined]
+        stride, padding, dilation, groups = ctx.conv  # type: ignore[attr-defined]
+        with torch.backends.mkldnn.flags(enabled=False):
+            gx = torch.ops.aten.convolution_backward(
+                grad.contiguous(),
+                x.contiguous(),
+                weight,
+                None,
+                stride,
+                padding,
+                dilation,
+                False,
+                [0, 0],
+                groups,
+                [True, False, False],
+            )[0]
+        return gx, None, None, None, None, None, None
+
+
+def _pair(v: int | tuple[int, ...] | list[int]) -> list[int]:
+    return [v, v] if isinstance(v, int) else list(v)
+
+
+class _PixelConvMode(TorchFunctionMode):
+    """Routes the few-channel convolutions of a front through _PixelConvGrad, without touching
+    the model: only while a step runs, and only where the input needs a gradient and the
+    weights do not (the only case _PixelConvGrad handles)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func is F.conv2d or func is torch.conv2d:
+            call = dict(
+                zip(
+                    ("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+                    args,
+                    strict=False,
+                ),
+                **kwargs,
+            )
+            x, w, b = call["input"], call["weight"], call.get("bias")
+            padding = call.get("padding", 0)
+            if (
+                x.dim() == 4
+                and x.shape[1] <= FEW_CHANNELS
+                and x.requires_grad
+                and not w.requires_grad
+                and (b is None or not b.requires_grad)
+                and not isinstance(padding, str)
+            ):
+                return _PixelConvGrad.apply(
+                    x,
+                    w,
+                    b,
+                    _pair(call.get("stride", 1)),
+                    _pair(padding),
+                    _pair(call.get("dilation", 1)),
+                    int(call.get("groups", 1)),
+                )
+        return func(*args, **kwargs)
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """How a step runs (IRISettings.fast_kernels). Channels-last images: oneDNN runs a
+    convolutional front up to twice as fast on NHWC on the CPU (a ViT's tokens gain nothing);
+    the pixel convolution's gradient from the native kernel (FEW_CHANNELS). Both change only
+    float rounding."""
+
+    memory_format: torch.memory_format = torch.contiguous_format
+    pixel_conv_grad: bool = False
+
+    @staticmethod
+    def pick(settings: IRISettings, device: torch.device, point_dims: int) -> Kernels:
+        if not settings.fast_kernels or device.type != "cpu":
+            # On GPUs the network takes channels-last inputs itself and bf16 autocast applies.
+            return Kernels()
+        fmt = torch.channels_last if point_dims == 4 else torch.contiguous_format
+        return Kernels(fmt, pixel_conv_grad=True)
+
+    def images(self, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous(memory_format=self.memory_format)
+
+    def mode(self) -> contextlib.AbstractContextManager[object]:
+        return _PixelConvMode() if self.pixel_conv_grad else contextlib.nullcontext()
+
+
 def _distance(
-    front: Callable[[torch.Tensor], torch.Tensor], x_iri: torch.Tensor, target: torch.Tensor
+    front: Callable[[torch.Tensor], torch.Tensor],
+    x_iri: torch.Tensor,
+    target: torch.Tensor,
+    kernels: Kernels,
 ) -> torch.Tensor:
-    with autocast(x_iri.device):
-        return per_sample_distance(front(x_iri).float(), target)
+    with autocast(x_iri.device), kernels.mode():
+        return per_sample_distance(front(kernels.images(x_iri)).float(), target)
 
 
 def _synthesize_batch(
@@ -244,47 +373,57 @@ def _synthesize_batch(
     noise: torch.Generator,
     on_step: Callable[[int], None],
 ) -> _Batch:
-    with torch.no_grad(), autocast(x.device):
-        target = front(x).float()
+    with torch.no_grad():
+        kernels = Kernels.pick(settings, x.device, front(x[:1]).dim())
+        # The target from the same kernels as the steps: at x' = x the distance is exactly 0.
+        with autocast(x.device), kernels.mode():
+            target = front(kernels.images(x)).float()
     x_iri = _project(torch.rand(x.shape, generator=noise).to(x.device), x, settings.linf)
     best = x_iri.clone()
     best_d = torch.full((len(x),), math.inf, device=x.device)
     start = torch.zeros(len(x), device=x.device)
     taken = torch.zeros(len(x), dtype=torch.int32, device=x.device)
-    live = _Active(x, x_iri, target)
+    live = _Active(kernels.images(x), kernels.images(x_iri), target)
+    aim = EXTRA_ROUNDS_AIM * settings.converged_below
     stop_below = settings.stop_below if settings.stop_below is not None else -1.0
 
-    def record(d: torch.Tensor, images: torch.Tensor) -> None:
-        """Keep each sample's best iterate; stop the samples that are close enough."""
+    def record(d: torch.Tensor, images: torch.Tensor, line: float) -> None:
+        """Keep each sample's best iterate; stop the samples below the line."""
         better = d < best_d[live.index]
         best_d[live.index[better]] = d[better]
         best[live.index[better]] = images[better]
-        done = best_d[live.index] < stop_below
+        done = best_d[live.index] < line
         if done.any():
             live.keep(~done)
 
-    aim = EXTRA_ROUNDS_AIM * settings.converged_below
     for r, length in enumerate(round_lengths(settings)):
-        if r > 0 and (len(live) == 0 or float(best_d.median()) < aim):
+        # The median as reported (the mean of the middle two of an even batch), not the lower one.
+        if r > 0 and (len(live) == 0 or float(best_d.quantile(0.5)) < aim):
             break
+        line = stop_below
+        if r > 0 and settings.extra_rounds_stop_at_aim:
+            # Samples under the aim already hold the median down: only the others need steps.
+            line = max(stop_below, aim)
+            live.keep(best_d[live.index] >= line)
         for t, lr in enumerate(step_schedule(settings, length, r)):
             if len(live) == 0:
                 break
             xi = live.x_iri.requires_grad_(True)
-            d = _distance(front, xi, live.target)
+            d = _distance(front, xi, live.target, kernels)
             (grad,) = torch.autograd.grad(d.sum(), xi)
             d, xi = d.detach(), xi.detach()
             if r == 0 and t == 0:
                 start = d.clone()
             taken[live.index] += 1
             with torch.no_grad():
-                live.x_iri = _project(xi - lr * grad.sign(), live.x, settings.linf)
+                live.x_iri = kernels.images(_project(xi - lr * grad.sign(), live.x, settings.linf))
             stepped = len(live)
-            record(d, xi)  # d is the distance of the iterate before this step
+            record(d, xi, line)  # d is the distance of the iterate before this step
             on_step(stepped)
         if len(live):  # the last step's iterate has not been measured yet
             with torch.no_grad():
-                record(_distance(front, live.x_iri, live.target), live.x_iri)
+                d = _distance(front, live.x_iri, live.target, kernels)
+                record(d, live.x_iri, line)
     return _Batch(best, start, best_d, taken)
 
 

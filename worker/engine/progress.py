@@ -12,8 +12,9 @@ Some work has a length known only as it runs: IRIs stop once converged, anywhere
 their first round and their cap (every extra round). The plan counts that work at its cap as
 the elastic kind, and the total shown is the best guess of the job's real length: fixed work
 plus elastic work times the share of their caps the IRIs took so far (the plan's guess
-counting as one span). A running IRI set that passes the guess is taken to run to the end of
-the round it is in (each extra round is a commitment of its full length); so the bar never
+counting as one span). A running IRI set is taken to run at least to the end of the round it
+is in (a round once started runs to its end), and one that shows more than the guess raises
+the guess for the sets still to come; so the bar never
 stands at 100 % before the end and never passes it, and the ETA counts neither unused caps
 nor skipped work."""
 
@@ -117,18 +118,12 @@ class _Span:
         return self.seconds / self.used if self.used >= 1 and self.seconds >= 0.5 else None
 
     def expected(self, expect: float) -> float:
-        """Units this span is expected to take in all: the guess; past it, the end of the
-        first round; past that, the cap. IRIs that the first round did not settle kept
-        needing every extra round on the bench's jobs (bench/eta_accuracy.py `iri`), and
-        nothing seen inside a round tells the two apart: the median distance falls alike
-        in a round that will settle and one that will not."""
-        share = expect
-        first = self.marks[0] if self.marks else 1.0
-        if self.used > first * self.cap:
-            share = 1.0
-        elif self.used > share * self.cap:
-            share = first
-        return min(self.cap, share * self.cap)
+        """Units this span is expected to take in all: the guess, or the end of the round it
+        has reached if that is further (a round once started runs to its end). Nothing seen
+        inside a round tells whether another will follow: the median distance falls alike in
+        a round that will settle the batch and in one that will not."""
+        committed = next((m for m in self.marks if m * self.cap > self.used), 1.0)
+        return min(self.cap, max(expect, committed) * self.cap)
 
 
 class Tracker:
