@@ -128,6 +128,10 @@ def main() -> int:
             checked = check_spec(spec, resources=Resources(cache_dir=root))
             points, st = measure(spec, root / f"cache-{name}")
             for frac, eta, truth in points:
+                if eta != eta:  # None: the job has not timed any work past its warm-up yet
+                    print(f"{name:9s} {args.arch} at {frac:4.0%}: no ETA shown yet, true "
+                          f"{truth:6.1f} s  ({st.units} units)", flush=True)
+                    continue
                 ratio = eta / truth if truth > 0 else float("nan")
                 worst = max(worst, ratio, 1 / ratio if ratio > 0 else float("inf"))
                 print(f"{name:9s} {args.arch} at {frac:4.0%}: eta {eta:6.1f} s, true "

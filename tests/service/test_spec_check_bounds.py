@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from stitchsim.models import Spec
+from stitchsim.models import IRISettings, Spec
 
 from tests.service.conftest import tiny_spec, upload
 from tests.service.helpers import assert_error_body
@@ -81,16 +81,17 @@ def test_the_estimate_counts_iris_at_their_cap_and_expects_less(ckpts, tmp_path)
 
     path = {"path": str(ckpts.digits_resnet)}
     std = Spec.model_validate(tiny_spec({"checkpoint": path}, {"checkpoint": path}))
-    ia = std.model_copy(update={"protocols": ["standard", "invariance_aware"]})
+    ia = std.model_copy(update={"protocols": ["standard", "invariance_aware"],
+                                "iri": IRISettings(steps=50)})
     a = check_spec(std, resources=Resources(cache_dir=tmp_path))
     b = check_spec(ia, resources=Resources(cache_dir=tmp_path))
     assert a.expected_units == a.units
-    # IRIs: 5 steps, 2 extra rounds: a cap of 5 + 10 + 20 steps of 3 units a full batch, for
-    # 200 training samples in batches of 256 (a step counts the share of a batch it steps),
-    # expected at 40 % of it.
-    iri_cap = round(3 * 35 * 200 / 256)
+    # IRIs: rounds of 50 steps, the first and 6 extra: a cap of 350 steps of 3 units a full
+    # batch, for 200 training samples in batches of 256 (a step counts the share of a batch it
+    # steps), expected at the 150 steps a set is taken to need (plan.IRI_STEPS_EXPECTED).
+    iri_cap = round(3 * 350 * 200 / 256)
     assert b.units - a.units >= iri_cap, (a, b)
-    assert b.units - b.expected_units == iri_cap - round(0.4 * iri_cap), (a, b)
+    assert b.units - b.expected_units == iri_cap - round(150 / 350 * iri_cap), (a, b)
 
 
 def test_a_large_model_counts_more_units_for_the_same_spec(ckpts, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -60,7 +60,7 @@ def fit_units(spec: Spec, n_train: int, tests: Sequence[int], *, augmented: bool
         batches = OBJECTIVES[objective].cost(n_train, spec.train)
         per_seed = Units(train=batches, forward=sum(passes(n, EVAL_BATCH) for n in tests))
         if augmented:
-            per_seed += Units(attack=adv * batches)
+            per_seed += Units(augment=adv * batches)
         if robust:
             per_seed += Units(attack=adv * passes(tests[0], EVAL_BATCH))
         units += per_seed * spec.train.seeds

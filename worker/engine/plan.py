@@ -24,15 +24,21 @@ def plan_units(spec: Spec, prep: Prepared) -> Plan:
 
 
 def job_plan(spec: Spec, sizes: Sizes) -> Plan:
-    return Plan(job_units(spec, sizes),
-                expect=max(IRI_EXPECT, spec.iri.steps / sum(round_lengths(spec.iri))))
+    return Plan(job_units(spec, sizes), expect=iri_share_expected(spec))
 
 
-IRI_EXPECT = 0.4
-"""The share of their cap IRIs are expected to take before any finished: on the bench's jobs
-(bench/eta_accuracy.py: the demo, `iri`) they took 36-43 % of it, between the first round
-alone (1/7 at the defaults) and every extra round. With extra_rounds 0 the cap is the first
-round and the share is 1."""
+IRI_STEPS_EXPECTED = 150
+"""The steps a set of IRIs is expected to need before any set of the job has finished: at
+the default step size the bench's sets took 100-500 (bench/iri_convergence.py: test_vit 100,
+test_convnext 100-200, test_resnet 100-200 at its stages and 500 right after its stem)."""
+
+
+def iri_share_expected(spec: Spec) -> float:
+    """The share of their cap IRI sets are expected to take: IRI_STEPS_EXPECTED steps, at least
+    the first round and at most the cap (a mean over sets, some of which stop a round earlier
+    than others). A spec with short rounds (small iri.steps) expects more of its cap."""
+    lengths = round_lengths(spec.iri)
+    return min(sum(lengths), max(lengths[0], IRI_STEPS_EXPECTED)) / sum(lengths)
 
 
 def job_units(spec: Spec, sizes: Sizes) -> Units:

@@ -31,17 +31,18 @@ from stitchsim_worker.engine.resources import CancelFn, ProgressFn
 
 _MIN_INTERVAL_S = 0.5
 
-Kind = Literal["forward", "train", "attack", "measure", "iri"]
-KINDS: tuple[Kind, ...] = ("forward", "train", "attack", "measure", "iri")
+Kind = Literal["forward", "train", "augment", "attack", "measure", "iri"]
+KINDS: tuple[Kind, ...] = ("forward", "train", "augment", "attack", "measure", "iri")
 ELASTIC: Kind = "iri"
 
 PRIOR_SECONDS: dict[Kind, float] = {
-    "forward": 1.0, "train": 0.6, "attack": 3.5, "measure": 0.1, "iri": 1.4}
+    "forward": 1.0, "train": 0.6, "augment": 1.0, "attack": 3.5, "measure": 0.1, "iri": 1.4}
 """Each kind's time per unit relative to the others, for the ETA before the job has run a
 kind itself (measured on test_resnet jobs, bench/eta_accuracy.py `by kind of unit`): a
 training batch of 128 through g>j and back costs about half a batch of 256 through both
-models (0.4-0.9), an IRI unit about 1.4 of one, a unit of PGD steps 3.5, a measure's
-mini-batch a tenth."""
+models (0.4-0.9), an IRI unit about 1.4 of one, PGD steps on a test batch ("attack") 3.5,
+on the attacked share of a training batch ("augment") about 1, a measure's mini-batch a
+tenth."""
 
 _WARM_UP = "prepare"
 """The stage whose units carry the first batches' warm-up (4-8x slower per unit): they do

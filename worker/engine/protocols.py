@@ -169,7 +169,7 @@ def _adversarial_augment(ctx: JobContext, cut: Cut, points: list[str]) -> Augmen
         with torch.no_grad():
             a_adv = front(x_adv)
             g_logits, *g_feats = probe(x_adv)
-        ctx.tracker.step(settings.steps, "attack")
+        ctx.tracker.step(settings.steps, "augment")
 
         def swap(t: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
             t = t.clone()
