@@ -580,6 +580,13 @@ def run_raw_floor(work: Path, port: int, args: argparse.Namespace) -> dict[str, 
                                 str(d / "spool")], stdout=log, stderr=log,
                                start_new_session=True)
     log.close()
+    return _measure_floor(gw, work, args, {"drop": ("/drop", 8), "hash": ("/hash", 9)})
+
+
+def _measure_floor(gw: Gateway, work: Path, args: argparse.Namespace,
+                   uploads: dict[str, tuple[str, int]]) -> dict[str, Any]:
+    """The poll loads, then each upload (name: (path, salt)), against a floor server; stops
+    it after."""
     try:
         _wait_up(gw)
         gw.job_id, gw.key = "0" * 32, "none"
@@ -587,10 +594,9 @@ def run_raw_floor(work: Path, port: int, args: argparse.Namespace) -> dict[str, 
                                                          args.seconds)),
                "sat": _run(_closed_loop(gw, args.sat_conns, args.sat_seconds))}
         if args.size_mb:
-            out["drop"] = bench_upload(gw, work, args.size_mb, salt=8, path="/drop",
-                                       expect="200")
-            out["hash"] = bench_upload(gw, work, args.size_mb, salt=9, path="/hash",
-                                       expect="200")
+            for name, (path, salt) in uploads.items():
+                out[name] = bench_upload(gw, work, args.size_mb, salt=salt, path=path,
+                                         expect="200")
         return out
     finally:
         gw.stop()
@@ -646,18 +652,7 @@ def run_floor(work: Path, port: int, args: argparse.Namespace) -> dict[str, Any]
                                 "--no-access-log", "--log-level", "warning"], cwd=d,
                                stdout=log, stderr=log, start_new_session=True)
     log.close()
-    try:
-        _wait_up(gw)
-        gw.job_id, gw.key = "0" * 32, "none"
-        out = {"name": gw.name, "open": _run(_open_loop(gw, args.clients, args.rate,
-                                                         args.seconds)),
-               "sat": _run(_closed_loop(gw, args.sat_conns, args.sat_seconds))}
-        if args.size_mb:
-            out["upload"] = bench_upload(gw, work, args.size_mb, salt=7, path="/",
-                                         expect="200")
-        return out
-    finally:
-        gw.stop()
+    return _measure_floor(gw, work, args, {"upload": ("/", 7)})
 
 
 def _poll_line(label: str, f: PollFigures) -> str:
