@@ -43,6 +43,10 @@ CASES: dict[str, dict[str, Any]] = {
     "measures_on_test_iris": {"measures": ["cka"], "measure_settings": {"iri_split": "test"}},
     "cross_task": {"protocols": ["cross_task", "standard"], "objectives": ["hlm"],
                    "front_dataset": "digits_colour_only"},
+    # Another family in front, at a block inside its stack, stitched into the ResNet.
+    "vit_block_into_resnet": {"layers": [{"front": "blocks.2", "back": "layer2"}],
+                              "protocols": ["standard", "invariance_aware"],
+                              "controls": ["identity"]},
 }
 
 
@@ -55,7 +59,8 @@ def _run(spec: Spec, cache: Path) -> list[tuple[str, int, int]]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_first_plan_is_the_work_done(case: str, ckpts: Any, tmp_path: Path) -> None:
-    front = ckpts.colour_resnet if case == "cross_task" else ckpts.digits_resnet
+    front = {"cross_task": ckpts.colour_resnet,
+             "vit_block_into_resnet": ckpts.digits_vit}.get(case, ckpts.digits_resnet)
     spec = Spec.model_validate({
         **BASE, **CASES[case],
         "front": {"checkpoint": {"path": str(front)}},

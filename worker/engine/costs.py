@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stitchsim.models import Protocol, Spec
+from stitchsim.models import Spec
 from stitchsim_worker.engine.context import EVAL_BATCH
 from stitchsim_worker.engine.objectives import OBJECTIVES
 from stitchsim_worker.engine.progress import Units
@@ -68,10 +68,10 @@ def fit_units(spec: Spec, n_train: int, tests: Sequence[int], *, augmented: bool
 
 
 def rows_units(spec: Spec, sizes: Sizes, n_train: int, tests: Sequence[int], *,
-               control: bool = False, protocols: Sequence[Protocol] | None = None) -> Units:
+               control: bool = False) -> Units:
     """fitting.protocol_rows for one cut: each protocol's training split, then its fits."""
     total = Units()
-    for protocol in spec.protocols if protocols is None else protocols:
+    for protocol in spec.protocols:
         entry = PROTOCOLS[protocol]
         if control and not entry.in_controls:
             continue

@@ -1,9 +1,10 @@
 """The progress plan: a job's work counted up front in units (about one batch through a network
-part), from the registered entries' costs, so progress and ETA cover the whole job. The same
-count is the job's compute budget at submission (check.py): a spec above the operator's limit
-is refused before it is queued, with the fields that make it large. IRIs count at their cap
-(every extra round): the budget is an upper bound, and the progress tracker shows them at the
-share of the cap they are expected to take (progress.Plan)."""
+part), from the registered entries' costs (costs.py), so progress and ETA cover the whole job.
+The same count, at the models' size (costs.size_factor), is the job's compute budget at
+submission (check.py): a spec above the operator's limit is refused before it is queued, with
+the fields that make it large. IRIs count at their cap (every extra round): the budget is an
+upper bound, and the progress tracker shows them at the share of the cap they are expected to
+take (progress.Plan)."""
 
 from __future__ import annotations
 
