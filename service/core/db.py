@@ -11,7 +11,7 @@ import threading
 import time
 from collections import namedtuple
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -260,9 +260,35 @@ class Database:
             conn = sqlite3.connect(self._sqlite_path, timeout=0, isolation_level=None,
                                    check_same_thread=False)
             self._lookups.conn, self._lookups.pid = conn, os.getpid()
+            self._lookups.shm = None  # a forked child's own, once its connection has read
         raw: tuple[Any, ...] | None = conn.execute(_raw_pk_select(table, self.engine.dialect)[0],
                                                    (key,)).fetchone()
+        if getattr(self._lookups, "shm", None) is None:
+            # Opened only now: the read above has made the shared-memory file exist, and this
+            # connection, held open, keeps any other from resetting it.
+            with suppress(OSError):
+                self._lookups.shm = os.open(self._sqlite_path + "-shm", os.O_RDONLY)
         return raw
+
+    def lookup_version(self) -> bytes | None:
+        """SQLite only, after a lookup_raw on this thread: a value that differs after any commit
+        of any process, or None when it cannot be told. It is the WAL index header (the first
+        48 bytes of the "-shm" file, kept twice; https://www.sqlite.org/walformat.html), which
+        every writer rewrites at each commit (its change counter, last frame, salts) and every
+        reader consults: a caller that kept what lookup_raw returned may use it again while
+        this is unchanged, for the cost of one pread instead of a read transaction. None
+        while the two copies differ (a writer is between them) or before the first lookup."""
+        # A forked child may read its parent's descriptor: the same file, the same header.
+        fd = getattr(self._lookups, "shm", None)
+        if fd is None:
+            return None
+        try:
+            head = os.pread(fd, 96, 0)
+        except OSError:
+            return None
+        if len(head) < 96 or head[:48] != head[48:]:
+            return None
+        return head[:48]
 
     def row_of(self, table: Table, raw: tuple[Any, ...]) -> Any:
         """A row of lookup_raw with every column as SQLAlchemy's types convert it."""

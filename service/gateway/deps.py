@@ -64,6 +64,19 @@ class _KeyCache:
                 self._items.clear()
             self._items[key] = (time.monotonic(), owner)
 
+    def owner_if_fresh(self, db: Database, key: str) -> str | None:
+        """The cached owner of key, or None: not cached within TTL_S, or cached as no key. An
+        entry past REFRESH_AT of its TTL is read again in the background (refresh)."""
+        hit = self._items.get(key)
+        if hit is None:
+            return None
+        age = time.monotonic() - hit[0]
+        if age > self.TTL_S:
+            return None
+        if age > self.TTL_S * self.REFRESH_AT:
+            self.refresh(db, key)
+        return hit[1]
+
     def refresh(self, db: Database, key: str) -> None:
         """Read key again in the background if its entry is past REFRESH_AT of its TTL (and no
         read of it is under way); the caller goes on with the entry it has."""
@@ -120,11 +133,7 @@ def cached_owner(ctx: Context, key: str | None, client: str | None) -> str | Non
     TTL_S, or no key where none is needed); None when get_owner has to decide (a key not
     seen lately, or a request it refuses). For the status-poll fast path."""
     if key:
-        cached, owner = _keys.get(key)
-        if not cached:
-            return None
-        _keys.refresh(ctx.db, key)
-        return owner
+        return _keys.owner_if_fresh(ctx.db, key)
     settings = ctx.settings
     if settings.keys_required or not is_loopback(client):
         return None

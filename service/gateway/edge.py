@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -64,6 +65,13 @@ _POLL_URL_LEN = len(_POLL_PATH) + 32
 # (uvicorn's ProxyHeadersMiddleware reads those, and the access line shows its result).
 _NOT_A_PLAIN_POLL = frozenset((b"content-length", b"transfer-encoding", b"expect",
                                b"x-forwarded-for", b"x-forwarded-proto", b"forwarded"))
+# One complete plain poll and nothing else, as a keep-alive poller sends it: the request line,
+# header lines of token names and visible values (no folding, no control bytes), the blank
+# line. Anything else, or a header in _RAW_REFUSED, goes to httptools as before.
+_RAW_POLL = re.compile(
+    rb"GET (/jobs/[0-9a-f]{32}) HTTP/1\.1\r\n"
+    rb"((?:[!#$%&'*+.^_`|~0-9A-Za-z-]+:[\t\x20-\x7e\x80-\xff]*\r\n)*)\r\n")
+_RAW_REFUSED = _NOT_A_PLAIN_POLL | {b"connection", b"upgrade"}
 
 
 def _status_polls(app: Any) -> Any:
@@ -99,23 +107,42 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
             return
         self._arm_header_timer()
 
-    # One timer per connection, moved by a deadline rather than re-armed: a keep-alive poller
+    # One timer per connection, moved by deadlines rather than re-armed: a keep-alive poller
     # sends a request every second or so, and a timer cancelled and made anew for each cost
-    # it more than the deadline's two attribute writes.
+    # it more than the deadlines' attribute writes. It keeps two: the header deadline, and
+    # after a poll answered here, uvicorn's keep-alive timeout (an idle connection closes
+    # quietly), which uvicorn would otherwise arm as a timer of its own per response.
 
-    def _arm_header_timer(self) -> None:
+    _idle_deadline: float | None = None
+    _timer_at = 0.0
+
+    def _arm_header_timer(self, idle_close: bool = False) -> None:
+        now = self.loop.time()
         self._waiting_cycle = self.cycle  # headers are complete once a new cycle exists
-        self._header_deadline = self.loop.time() + self._settings.header_timeout_s
+        self._header_deadline = now + self._settings.header_timeout_s
+        self._idle_deadline = now + self.timeout_keep_alive if idle_close else None
+        due = min(self._header_deadline, self._idle_deadline or self._header_deadline)
+        if self._header_timer is not None and self._timer_at > due:
+            self._header_timer.cancel()  # deadlines move later but for the first idle close
+            self._header_timer = None
         if self._header_timer is None:
-            self._header_timer = self.loop.call_at(self._header_deadline, self._header_check)
+            self._timer_at = due
+            self._header_timer = self.loop.call_at(due, self._header_check)
 
     def _header_check(self) -> None:
         self._header_timer = None
-        deadline = self._header_deadline
-        if deadline is None or self.transport.is_closing():
+        if self.transport.is_closing():
             return
-        if self.loop.time() < deadline:  # the deadline moved since this timer was set
-            self._header_timer = self.loop.call_at(deadline, self._header_check)
+        now = self.loop.time()
+        idle, deadline = self._idle_deadline, self._header_deadline
+        if idle is not None and now >= idle:
+            self.transport.close()  # as uvicorn's timeout_keep_alive_handler
+            return
+        if deadline is None:
+            return
+        if now < deadline:  # a deadline moved since this timer was set
+            self._timer_at = min(deadline, idle or deadline)
+            self._header_timer = self.loop.call_at(self._timer_at, self._header_check)
             return
         client = self.client[0] if self.client else "?"
         log.info("client %s: no complete request headers within %.0f s; closed with 408",
@@ -125,7 +152,13 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
                                         "(STITCHSIM_HEADER_TIMEOUT_S)"))
         self.transport.close()
 
+    _in_message = False  # the parser has begun a request it has not finished
+
     def data_received(self, data: bytes) -> None:
+        self._idle_deadline = None  # any byte ends an idle spell, as it ends uvicorn's
+        if (not self._in_message and data.startswith(b"GET /jobs/")
+                and data.endswith(b"\r\n\r\n") and self._answer_raw_poll(data)):
+            return
         super().data_received(data)
         if self._header_deadline is not None and self.cycle is not self._waiting_cycle:
             self._header_deadline = None
@@ -140,15 +173,46 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
     def on_headers_complete(self) -> None:
         if self._answer_poll():
             return
-        # A poll answered just before, in the same read (pipelined), armed the keep-alive
-        # timer that a new read would have cleared: this request must not run under it.
-        self._unset_keepalive_if_required()
         super().on_headers_complete()
 
+    def on_message_begin(self) -> None:
+        # A poll answered just before, in the same read (pipelined), set an idle deadline
+        # that a new read would have cleared: this request must not run under it.
+        self._in_message, self._idle_deadline = True, None
+        super().on_message_begin()
+
     def on_message_complete(self) -> None:
+        self._in_message = False
         if self.cycle is None:  # the connection's first request was a poll answered here
             return
         super().on_message_complete()
+
+    def _may_answer_polls(self) -> bool:
+        """Whether a poll may be answered here now: no request in flight (pipelining keeps its
+        order), a client reading its answers, and a job table readable without waiting."""
+        polls = self._polls
+        if (polls is None or (self.cycle is not None and not self.cycle.response_complete)
+                or self.flow.write_paused or self.limit_concurrency is not None):
+            return False
+        ctx = polls.ctx
+        return ctx is not None and bool(ctx.db.nonblocking_lookups)
+
+    def _answer_raw_poll(self, data: bytes) -> bool:
+        """A read that is one whole plain poll, answered before httptools sees it (a keep-alive
+        poller's every request): no parser callbacks, no header list but the one made here.
+        False, with nothing consumed, for anything else: httptools parses it as always."""
+        m = _RAW_POLL.fullmatch(data)
+        if m is None or not self._may_answer_polls():
+            return False
+        headers = []
+        for line in m[2].split(b"\r\n")[:-1]:
+            name, _, value = line.partition(b":")
+            name = name.lower()
+            if name in _RAW_REFUSED:
+                return False
+            headers.append((name, value.strip(b" \t")))
+        self._unset_keepalive_if_required()
+        return self._reply_poll(m[1], headers)
 
     def _answer_poll(self) -> bool:
         """Answer a plain status poll here, as the app would, and True; else False, untouched:
@@ -157,52 +221,62 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
         the body) stay StatusPolls'. Only HTTP/1.1 keep-alive GETs of /jobs/{32 chars} with
         no body, no query and no proxy headers, on a connection with no request in flight
         (pipelining keeps its order) and a client reading its answers."""
-        polls = self._polls
         url = self.url
-        if (polls is None or len(url) != _POLL_URL_LEN or not url.startswith(_POLL_PATH)
-                or self.parser.get_method() != b"GET"
-                or (self.cycle is not None and not self.cycle.response_complete)
-                or self.flow.write_paused or self.limit_concurrency is not None
+        if (len(url) != _POLL_URL_LEN or not url.startswith(_POLL_PATH)
+                or self.parser.get_method() != b"GET" or not self._may_answer_polls()
                 or self.parser.get_http_version() != "1.1"
                 or not self.parser.should_keep_alive() or self.parser.should_upgrade()):
-            return False
-        ctx = polls.ctx
-        if ctx is None or not ctx.db.nonblocking_lookups:
             return False
         for name, _ in self.headers:
             if name in _NOT_A_PLAIN_POLL:
                 return False
+        return self._reply_poll(url, self.headers)
+
+    def _reply_poll(self, url: bytes, headers: list[tuple[bytes, bytes]]) -> bool:
+        """Write StatusPolls' answer to the poll of url, and True; False, nothing written, where
+        it has none (the app decides)."""
+        polls = self._polls
         start = time.perf_counter()
-        key = key_from_headers(self.headers)
+        key = key_from_headers(headers)
         # No client address: the keyless local case (and its loopback rule) is the app's.
-        body = polls.answer_now(ctx, url[len(_POLL_PATH):].decode("ascii", "replace"), key,
-                                None)
+        body = polls.answer_now(polls.ctx, url[len(_POLL_PATH):].decode("ascii", "replace"),
+                                key, None)
         if body is None:
             return False
         if self.access_log and self._settings.access_log_polls:
             client = f"{self.client[0]}:{self.client[1]}" if self.client else ""
             self.access_logger.info('%s - "%s %s HTTP/%s" %d', client, "GET", url.decode(),
                                     "1.1", 200)
-        self.transport.write(b"".join((
-            _STATUS_200, self._default_headers(),
-            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body),
-            body)))
+        self.transport.write(self._response(body))
         polls.count(start)
-        self.on_response_complete()
+        # uvicorn's on_response_complete but for its keep-alive timer: nothing is pipelined
+        # behind this poll (_may_answer_polls), and the idle close is our timer's.
+        self.server_state.total_requests += 1
+        self.flow.resume_reading()
+        self._arm_header_timer(idle_close=True)
         return True
 
     _headers_of: list[tuple[bytes, bytes]] | None = None
-    _headers_bytes = b""
+    _responses: dict[bytes, bytes] = {}  # noqa: RUF012 (the class's own, shared on purpose)
 
-    def _default_headers(self) -> bytes:
-        """uvicorn's default headers (server, date) as bytes; the server replaces their list
-        once a second (the date), so the bytes are made once per list, not per poll."""
+    def _response(self, body: bytes) -> bytes:
+        """The whole 200 response for body, with uvicorn's default headers (server, date).
+        The server replaces their list once a second (the date); until then a body polled
+        again (by every poller of one job) gets the same bytes, made once."""
         current = self.server_state.default_headers
         cls = type(self)
         if cls._headers_of is not current:
-            cls._headers_bytes = b"".join(b"%s: %s\r\n" % h for h in current)
+            cls._responses = {}
             cls._headers_of = current
-        return cls._headers_bytes
+        response = cls._responses.get(body)
+        if response is None:
+            if len(cls._responses) >= 1024:
+                cls._responses.clear()
+            response = cls._responses[body] = b"".join((
+                _STATUS_200, *(b"%s: %s\r\n" % h for h in current),
+                b"content-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body),
+                body))
+        return response
 
     def connection_lost(self, exc: Exception | None) -> None:
         timer = getattr(self, "_header_timer", None)

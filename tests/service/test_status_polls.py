@@ -199,3 +199,68 @@ def test_protocol_answers_keep_order_and_leave_other_requests_alone(
     assert [a[0] for a in answers] == [200, 200, 200]
     log = (loud.data_dir / "logs" / "serve.log").read_text()
     assert log.count(f'"GET /jobs/{job} HTTP/1.1" 200') == 4
+
+
+def _one_response(sock: socket.socket) -> tuple[int, bytes]:
+    """Read one response (status, body) off a keep-alive connection."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, "the server closed the connection"
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    n = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))  # type: ignore[union-attr]
+    while len(body) < n:
+        body += sock.recv(65536)
+    return int(head.split()[1]), body
+
+
+def _metric(text: str, name: str) -> float:
+    m = re.search(name + r'\{method="GET",route="/jobs/\{job_id\}"(,status="200")?\} '
+                  r'([0-9.e+]+)', text)
+    return float(m.group(2)) if m else 0.0
+
+
+def test_a_keep_alive_poller_sees_every_commit_and_is_closed_quietly_when_idle(
+        service_factory: ServiceFactory, ckpts: Any) -> None:
+    """One poll per read, as a keep-alive poller sends them, is answered by the protocol before
+    httptools parses it. A commit by another process (here the test's own, straight into the
+    job table) shows on the very next poll: the reused body is checked against the table's
+    WAL index. The connection then idles out as uvicorn's keep-alive timeout (5 s) closes it:
+    quietly, no 408, counted from the last poll. The metrics count every answer, latency
+    included."""
+    import sqlite3
+
+    svc = service_factory.embedded(extra_env=ENV, workers=False)
+    key = svc.create_key("gina")
+    job = _job(svc, key, ckpts)
+    with svc.client(key) as c:
+        assert c.get(f"/jobs/{job}?from=route").status_code == 200  # caches the key
+    poll = f"GET /jobs/{job} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", _port(svc)), timeout=30) as sock:
+        sock.sendall(poll.encode())
+        status, body = _one_response(sock)
+        assert status == 200 and JobStatus.model_validate_json(body).progress.done == 0
+        for done in (3, 7):
+            with sqlite3.connect(svc.data_dir / "stitchsim.db") as db:
+                db.execute("UPDATE jobs SET stage = 'training', done = ?, total = 10 "
+                           "WHERE id = ?", (done, job))
+            sock.sendall(poll.encode())
+            status, body = _one_response(sock)
+            assert status == 200 and JobStatus.model_validate_json(body).progress.done == done
+        sock.sendall(poll.encode())
+        assert _one_response(sock) == (200, body)  # unchanged table: the same bytes again
+        # Each poll moves the idle deadline: 7 s after the first, the connection is open.
+        for _ in range(2):
+            time.sleep(3.5)
+            sock.sendall(poll.encode())
+            assert _one_response(sock)[0] == 200
+        last = time.monotonic()
+        sock.settimeout(15)
+        assert sock.recv(65536) == b""  # closed without a response
+        assert 4.0 < time.monotonic() - last < 8.0
+    text = httpx.get(svc.url + "/metrics", timeout=10).text
+    answered = _metric(text, "stitchsim_http_requests_total")
+    assert answered >= 7
+    assert _metric(text, "stitchsim_http_request_duration_seconds_count") == answered
+    assert 0 < _metric(text, "stitchsim_http_request_duration_seconds_sum") < answered

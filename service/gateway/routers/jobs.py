@@ -15,7 +15,7 @@ from stitchsim.models import ErrorBody, JobList, JobState, JobStatus, Report
 from stitchsim_service.core import jobs
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.db import JobRow
-from stitchsim_service.core.metrics import LATENCY, REQUESTS
+from stitchsim_service.core.metrics import BatchedAnswers
 from stitchsim_service.core.store import is_job_id
 from stitchsim_service.gateway.deps import cached_owner, get_ctx, get_owner, key_from_headers
 from stitchsim_service.gateway.pages import render_job_page
@@ -118,25 +118,24 @@ class StatusPolls:
     which answers as always: a shortcut for 200s, never a second set of rules.
 
     Nothing is cached but keys (deps._KeyCache) and, per job, the body last rendered beside
-    the raw row it came from: each poll still reads the table, and the body is reused only
-    when the row read now is the same row, so every gateway process answers from the same
-    truth and a change shows on the next poll."""
+    the raw row it came from and the table's version then (Database.lookup_version, which any
+    commit of any process changes): a poll reads the row again whenever the table changed
+    since, and reuses the body only for the same row, so every gateway process answers from
+    the same truth and a change shows on the next poll."""
 
     ROUTE = "/jobs/{job_id}"
     _MAX_BODIES = 4096  # jobs whose rendered body is kept; beyond it the cache starts afresh
 
     def __init__(self) -> None:
         self.ctx: Context | None = None  # the app's, once started
-        self._count = REQUESTS.labels("GET", self.ROUTE, "200")
-        self._latency = LATENCY.labels("GET", self.ROUTE)
-        # job id -> (raw row, its owner, the body rendered from it); read and written on the
-        # event loop only (answer_now).
-        self._bodies: dict[str, tuple[tuple[object, ...], str, bytes]] = {}
+        self._answered = BatchedAnswers("GET", self.ROUTE)
+        # job id -> (raw row, its owner, the body rendered from it, the table's lookup_version
+        # when the row was read); read and written on the event loop only (answer_now).
+        self._bodies: dict[str, tuple[tuple[object, ...], str, bytes, bytes | None]] = {}
 
     def count(self, start: float) -> None:
         """Count an answered poll in the route's metrics (start: its perf_counter)."""
-        self._count.inc()
-        self._latency.observe(time.perf_counter() - start)
+        self._answered.add(time.perf_counter() - start)
 
     async def answer(self, scope: Scope, send: Send) -> bool:
         """True when the poll was answered here; False: pass it on, nothing was sent."""
@@ -171,12 +170,18 @@ class StatusPolls:
         if owner is None:
             return None
         table = JobRow.__table__
+        hit = self._bodies.get(job_id)
+        # Read before the row: a commit after it, even one the row read below sees, makes the
+        # next poll read again.
+        version = ctx.db.lookup_version()
+        if hit is not None and version is not None and hit[3] == version:
+            return hit[2] if hit[1] == owner else None
         try:
             raw = ctx.db.lookup_raw(table, job_id)  # type: ignore[arg-type]
             if raw is None:
                 return None
-            hit = self._bodies.get(job_id)
             if hit is not None and hit[0] == raw:
+                self._bodies[job_id] = (raw, hit[1], hit[2], version)
                 return hit[2] if hit[1] == owner else None
             row = ctx.db.row_of(table, raw)  # type: ignore[arg-type]
             body = jobs.status_json(row)
@@ -188,7 +193,7 @@ class StatusPolls:
             return None
         if len(self._bodies) >= self._MAX_BODIES:
             self._bodies.clear()
-        self._bodies[job_id] = (raw, row.owner, body)
+        self._bodies[job_id] = (raw, row.owner, body, version)
         # find_job's rule: another owner's job is not found (the route answers 404).
         return body if row.owner == owner else None
 
