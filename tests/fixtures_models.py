@@ -4,6 +4,8 @@ single-threaded (OMP_NUM_THREADS=1), so one process per core halves the fixture'
 
 from __future__ import annotations
 
+import fcntl
+import json
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
@@ -36,9 +38,7 @@ class Checkpoints:
         raise AttributeError(name)
 
 
-@pytest.fixture(scope="session")
-def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Checkpoints:
-    root = tmp_path_factory.mktemp("ckpts")
+def _train_all(root: Path) -> dict[str, float]:
     # spawn: a forked child of a process with OpenMP threads can hang in its first parallel op.
     pool = ProcessPoolExecutor(max_workers=min(2, os.cpu_count() or 1),
                                mp_context=multiprocessing.get_context("spawn"))
@@ -48,5 +48,24 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory) -> Checkpoints:
                               arch_kwargs=kwargs, seed=seed, **training)
             for name, (arch, dataset, kwargs, seed, training) in MODELS.items()
         }
-        acc = {name: f.result() for name, f in futures.items()}
-    return Checkpoints(root, acc)
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.fixture(scope="session")
+def ckpts(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Checkpoints:
+    if worker_id == "master":  # one pytest process
+        root = tmp_path_factory.mktemp("ckpts")
+        return Checkpoints(root, _train_all(root))
+    # pytest-xdist: the workers share one base temp dir; the first to take the lock trains,
+    # the others wait for it and read what it wrote (the same files, the same figures).
+    root = tmp_path_factory.getbasetemp().parent / "ckpts"
+    root.mkdir(exist_ok=True)
+    done = root / "accuracy.json"
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            acc = _train_all(root)
+            tmp = done.with_suffix(".tmp")
+            tmp.write_text(json.dumps(acc))
+            tmp.replace(done)
+    return Checkpoints(root, json.loads(done.read_text()))

@@ -36,7 +36,9 @@ FAST_ENV = {
     "STITCHSIM_HEARTBEAT_S": "0.5",
     "STITCHSIM_STALE_AFTER_S": "4",
     "STITCHSIM_REAP_INTERVAL_S": "1",
-    "STITCHSIM_CHECK_TIMEOUT_S": "60",
+    # A fresh service's first check forks its pool process and imports torch: 15-30 s on two
+    # cores that the other test process (pytest -n 2) keeps busy as well.
+    "STITCHSIM_CHECK_TIMEOUT_S": "150",
     "STITCHSIM_BROKER_POLL_S": "0.1",
     "STITCHSIM_JOB_TIME_LIMIT_S": "600",
     "STITCHSIM_MAX_UPLOAD_BYTES": str(32 * 1024 * 1024),

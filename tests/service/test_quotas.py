@@ -72,7 +72,9 @@ def test_load_with_job_quota(mode: str, service_factory: ServiceFactory, ckpts: 
     assert {n: len(figures.accepted.get(n, [])) for n in keys} == want
     assert figures.throttled == figures.submissions - sum(want.values())
     assert figures.throttled_without_retry_after == 0
-    assert len(figures.poll_ms) > 500 and pct(figures.poll_ms, 99) < 10_000
+    # Polls kept being answered through the storm. How many fit in its ~10 s depends on the
+    # CPU left over: 700+ alone, 470 beside the other test process (pytest -n 2).
+    assert len(figures.poll_ms) > 4 * POLLERS and pct(figures.poll_ms, 99) < 10_000
 
     for name, key in keys.items():
         with svc.client(key) as c:
