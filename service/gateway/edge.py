@@ -11,8 +11,9 @@
   must have come at the minimum average rate; else 408 (the upload's spool file is removed on
   the way out, the connection closed).
 - Status polls (GET /jobs/{id}) are answered by this protocol itself where they can be,
-  from the parsed headers, without an ASGI request cycle (routers.jobs.StatusPolls decides;
-  see GuardedProtocol._answer_poll).
+  without an ASGI request cycle (routers.jobs.StatusPolls decides): a read that is one whole
+  plain poll before httptools sees it (GuardedProtocol._answer_raw_poll), any other from the
+  parsed headers (_answer_poll).
 - Concurrent uploads (STITCHSIM_MAX_CONCURRENT_UPLOADS, ..._PER_KEY): requests with a file
   body (multipart or octet-stream) each hold a slot while they are received and stored; with
   none free the answer is 429 with Retry-After before a byte of the body is read.
