@@ -233,20 +233,24 @@ class Database:
         waits for a writer (and is told so at once in the rare cases it would)."""
         return bool(self._sqlite_path) and self._sqlite_path != ":memory:"
 
-    def lookup(self, table: Table, key: str) -> Any:
-        """The row of table whose one-column primary key is key, with every column as
-        SQLAlchemy's types convert it (attribute access like an ORM row), or None.
+    def lookup(self, table: Table, key: str, by: str | None = None) -> Any:
+        """The row of table whose one-column primary key (or unique column `by`) is key, with
+        every column as SQLAlchemy's types convert it (attribute access like an ORM row), or
+        None.
 
-        The hottest read (status polls): no ORM session, no identity map, no pool checkout.
-        On SQLite it is lookup_raw's row, converted (see there); elsewhere a Core select on a
-        pooled connection."""
-        if not self.nonblocking_lookups:
-            with self.engine.connect() as conn:
-                return conn.execute(_pk_select(table), {"key": key}).first()
-        raw = self.lookup_raw(table, key)
-        return None if raw is None else self.row_of(table, raw)
+        The hottest reads (status polls, API keys): no ORM session, no identity map, no pool
+        checkout. On SQLite it is lookup_raw's row, converted (see there), or where that
+        would wait for a writer, the same select on a pooled connection, as elsewhere."""
+        if self.nonblocking_lookups:
+            try:
+                raw = self.lookup_raw(table, key, by)
+                return None if raw is None else self.row_of(table, raw)
+            except sqlite3.OperationalError:  # busy or locked: the pool's connection waits
+                pass
+        with self.engine.connect() as conn:
+            return conn.execute(_key_select(table, by), {"key": key}).first()
 
-    def lookup_raw(self, table: Table, key: str) -> tuple[Any, ...] | None:
+    def lookup_raw(self, table: Table, key: str, by: str | None = None) -> tuple[Any, ...] | None:
         """SQLite only (nonblocking_lookups): the row as the driver returns it, every column in
         table order, unconverted; for a caller that can tell from it alone that nothing changed
         since its last look (row_of converts it). A raw connection per thread in autocommit
@@ -261,8 +265,8 @@ class Database:
                                    check_same_thread=False)
             self._lookups.conn, self._lookups.pid = conn, os.getpid()
             self._lookups.shm = None  # a forked child's own, once its connection has read
-        raw: tuple[Any, ...] | None = conn.execute(_raw_pk_select(table, self.engine.dialect)[0],
-                                                   (key,)).fetchone()
+        raw: tuple[Any, ...] | None = conn.execute(
+            _raw_select(table, self.engine.dialect, by)[0], (key,)).fetchone()
         if getattr(self._lookups, "shm", None) is None:
             # Opened only now: the read above has made the shared-memory file exist, and this
             # connection, held open, keeps any other from resetting it.
@@ -292,7 +296,7 @@ class Database:
 
     def row_of(self, table: Table, raw: tuple[Any, ...]) -> Any:
         """A row of lookup_raw with every column as SQLAlchemy's types convert it."""
-        _, convert, row_type = _raw_pk_select(table, self.engine.dialect)
+        _, convert, row_type = _raw_select(table, self.engine.dialect)
         return row_type(*[f(v) if f is not None and v is not None else v
                           for f, v in zip(convert, raw, strict=True)])
 
@@ -340,31 +344,41 @@ def _sqlite_pragmas(engine: Engine) -> None:
         conn.exec_driver_sql(f"BEGIN {mode}".strip())
 
 
-_pk_selects: dict[str, Any] = {}
-_raw_pk_selects: dict[str, tuple[str, list[Any], Any]] = {}
+_key_selects: dict[tuple[str, str | None], Any] = {}
+_raw_selects: dict[tuple[str, str | None], tuple[str, list[Any], Any]] = {}
 
 
-def _pk_select(table: Table) -> Any:
-    stmt = _pk_selects.get(table.name)
-    if stmt is None:
+def _key_column(table: Table, by: str | None) -> Any:
+    if by is None:
         (pk,) = table.primary_key.columns
-        stmt = _pk_selects[table.name] = select(table).where(pk == bindparam("key"))
+        return pk
+    column = table.columns[by]
+    assert column.unique or column.primary_key, f"{table.name}.{by} is not unique"
+    return column
+
+
+def _key_select(table: Table, by: str | None = None) -> Any:
+    stmt = _key_selects.get((table.name, by))
+    if stmt is None:
+        column = _key_column(table, by)
+        stmt = _key_selects[table.name, by] = select(table).where(column == bindparam("key"))
     return stmt
 
 
-def _raw_pk_select(table: Table, dialect: Any) -> tuple[str, list[Any], Any]:
-    """SQL, per-column converters and a row type for a raw primary-key lookup, all from the
-    table's own definition (a column added to the table is read and converted too)."""
-    hit = _raw_pk_selects.get(table.name)
+def _raw_select(table: Table, dialect: Any, by: str | None = None) -> tuple[str, list[Any], Any]:
+    """SQL, per-column converters and a row type for a raw lookup by the primary key (or the
+    unique column by), all from the table's own definition (a column added to the table is
+    read and converted too)."""
+    hit = _raw_selects.get((table.name, by))
     if hit is None:
-        (pk,) = table.primary_key.columns
+        column = _key_column(table, by)
         names = [c.name for c in table.columns]
         quoted = ", ".join(f'"{n}"' for n in names)
-        sql = f'SELECT {quoted} FROM "{table.name}" WHERE "{pk.name}" = ?'
+        sql = f'SELECT {quoted} FROM "{table.name}" WHERE "{column.name}" = ?'
         convert = [c.type.dialect_impl(dialect).result_processor(dialect, None)
                    for c in table.columns]
         row_type = namedtuple(f"{table.name}_row", names)  # type: ignore[misc]
-        hit = _raw_pk_selects[table.name] = (sql, convert, row_type)
+        hit = _raw_selects[table.name, by] = (sql, convert, row_type)
     return hit
 
 
