@@ -140,3 +140,33 @@ def test_status_polls_send_the_stored_spec_without_parsing_it() -> None:
     assert JobStatus.model_validate({**body, "spec": None}).state == "running"
     listed = json.loads(jobs.list_json([row], None))
     assert listed["items"][0]["spec"] is None and listed["items"][0]["id"] == "a" * 32
+
+
+@pytest.mark.parametrize("direct", [False, True], ids=["batched", "observe fallback"])
+def test_batched_answers_count_as_the_metrics_would(direct: bool) -> None:
+    """BatchedAnswers (the status-poll fast path's metrics) ends with the same request count,
+    histogram buckets and sum as one inc() and observe() per answer, bounds included; and
+    without prometheus_client's histogram internals it observes each answer at once."""
+    from stitchsim_service.core.metrics import LATENCY, REGISTRY, REQUESTS, BatchedAnswers
+
+    route = f"/unit/{'direct' if direct else 'batched'}"
+    amounts = [0.0003, 0.001, 0.0011, 0.0025, 0.7, 100.0] * 50  # 300: one automatic flush
+    batch = BatchedAnswers("GET", route)
+    if direct:
+        batch._direct = True
+    for a in amounts:
+        batch.add(a)
+    batch.flush()
+    REQUESTS.labels("GET", route + "/ref", "200").inc(len(amounts))
+    for a in amounts:
+        LATENCY.labels("GET", route + "/ref").observe(a)
+
+    def samples(r: str) -> dict[tuple[str, str], float]:
+        return {(s.name, s.labels.get("le", "")): s.value for m in REGISTRY.collect()
+                for s in m.samples if s.labels.get("route") == r
+                and not s.name.endswith("_created")}
+
+    got, want = samples(route), samples(route + "/ref")
+    assert got and got.keys() == want.keys()
+    assert all(abs(got[k] - want[k]) < 1e-9 for k in want), (got, want)
+    assert got[("stitchsim_http_requests_total", "")] == len(amounts)
