@@ -38,9 +38,9 @@ class _KeyCache:
     (unknown keys are looked up, their answer cached only for TTL_S too).
 
     A key in use is read again in the background once its entry is REFRESH_AT of its TTL old
-    (refresh()), so the entry of a key polled more often than every (1 - REFRESH_AT) * TTL_S
-    never lapses and none of its polls waits for the read; a revocation still shows within
-    TTL_S."""
+    (owner_if_fresh()), so the entry of a key polled more often than every
+    (1 - REFRESH_AT) * TTL_S never lapses and none of its polls waits for the read; a
+    revocation still shows within TTL_S."""
 
     TTL_S = 5.0
     REFRESH_AT = 0.7
@@ -66,27 +66,19 @@ class _KeyCache:
 
     def owner_if_fresh(self, db: Database, key: str) -> str | None:
         """The cached owner of key, or None: not cached within TTL_S, or cached as no key. An
-        entry past REFRESH_AT of its TTL is read again in the background (refresh)."""
+        entry past REFRESH_AT of its TTL is read again in the background (and no second read
+        of it starts while one is under way); the caller goes on with the entry it has."""
         hit = self._items.get(key)
         if hit is None:
             return None
         age = time.monotonic() - hit[0]
         if age > self.TTL_S:
             return None
-        if age > self.TTL_S * self.REFRESH_AT:
-            self.refresh(db, key)
+        if age > self.TTL_S * self.REFRESH_AT and key not in self._refreshing:
+            self._reread_in_background(db, key)
         return hit[1]
 
-    def refresh(self, db: Database, key: str) -> None:
-        """Read key again in the background if its entry is past REFRESH_AT of its TTL (and no
-        read of it is under way); the caller goes on with the entry it has."""
-        hit = self._items.get(key)
-        if (
-            hit is None
-            or time.monotonic() - hit[0] <= self.TTL_S * self.REFRESH_AT
-            or key in self._refreshing
-        ):
-            return
+    def _reread_in_background(self, db: Database, key: str) -> None:
         with self._lock:
             if key in self._refreshing:
                 return

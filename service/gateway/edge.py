@@ -155,8 +155,11 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
 
     _in_message = False  # the parser has begun a request it has not finished
 
+    _declined = False  # StatusPolls had no answer for the poll in this read: the route's
+
     def data_received(self, data: bytes) -> None:
         self._idle_deadline = None  # any byte ends an idle spell, as it ends uvicorn's
+        self._declined = False
         if (not self._in_message and data.startswith(b"GET /jobs/")
                 and data.endswith(b"\r\n\r\n") and self._answer_raw_poll(data)):
             return
@@ -213,7 +216,12 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
                 return False
             headers.append((name, value.strip(b" \t")))
         self._unset_keepalive_if_required()
-        return self._reply_poll(m[1], headers)
+        if self._reply_poll(m[1], headers):
+            return True
+        # A key not cached, another owner's job …: httptools parses it for the route, and
+        # _answer_poll does not ask StatusPolls a second time.
+        self._declined = True
+        return False
 
     def _answer_poll(self) -> bool:
         """Answer a plain status poll here, as the app would, and True; else False, untouched:
@@ -223,7 +231,7 @@ class GuardedProtocol(_BaseProtocol):  # type: ignore[misc, valid-type]
         no body, no query and no proxy headers, on a connection with no request in flight
         (pipelining keeps its order) and a client reading its answers."""
         url = self.url
-        if (len(url) != _POLL_URL_LEN or not url.startswith(_POLL_PATH)
+        if (self._declined or len(url) != _POLL_URL_LEN or not url.startswith(_POLL_PATH)
                 or self.parser.get_method() != b"GET" or not self._may_answer_polls()
                 or self.parser.get_http_version() != "1.1"
                 or not self.parser.should_keep_alive() or self.parser.should_upgrade()):

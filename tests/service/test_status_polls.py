@@ -7,6 +7,7 @@ The services run the gateway alone with submission checks off: jobs stay queued.
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
@@ -264,3 +265,34 @@ def test_a_keep_alive_poller_sees_every_commit_and_is_closed_quietly_when_idle(
     assert answered >= 7
     assert _metric(text, "stitchsim_http_request_duration_seconds_count") == answered
     assert 0 < _metric(text, "stitchsim_http_request_duration_seconds_sum") < answered
+
+
+def test_malformed_polls_get_what_httptools_answers(service_factory: ServiceFactory,
+                                                    ckpts: Any) -> None:
+    """A read that only looks like a plain poll is left to httptools and the route: 400 for what
+    HTTP forbids (httptools' own plain-text answer), the contract's 401 for a key it refuses,
+    never a 500 and never a job's status for a wrong key."""
+    svc = service_factory.embedded(extra_env=ENV, workers=False)
+    key = svc.create_key("hana")
+    job = _job(svc, key, ckpts)
+    with svc.client(key) as c:
+        assert c.get(f"/jobs/{job}").status_code == 200  # caches the key
+    base = f"GET /jobs/{job} HTTP/1.1\r\nHost: x\r\n"
+    cases = {
+        base + f"Authorization: Bearer {key}\r\n\r\n": 200,
+        base + f"Authorization: Bearer {key}\r\nX-A: a\x00b\r\n\r\n": 400,  # NUL byte
+        base + f"Authorization: Bearer\r\n {key}\r\n\r\n": 400,  # folded header line
+        base.replace("\r\n", "\n") + f"Authorization: Bearer {key}\n\n": 400,  # bare LF
+        base + f"Authorization : Bearer {key}\r\n\r\n": 400,  # space before the colon
+        base + f"Authorization: Bearer wrong\r\nAuthorization: Bearer {key}\r\n\r\n": 401,
+        base + "Authorization: Bearer sk_nope\r\n\r\n": 401,
+        base + f"Authorization: Bearer {key}\r\nContent-Length: 2\r\n\r\nhi": 200,  # the route
+    }
+    for raw, want in cases.items():
+        with socket.create_connection(("127.0.0.1", _port(svc)), timeout=30) as sock:
+            sock.sendall(raw.encode("latin-1"))
+            status, body = _one_response(sock)
+        assert status == want, (raw, status, body)
+        if status == 401:
+            assert json.loads(body)["error"]["code"] == "unauthorized"
+    assert "Traceback" not in svc.logs()
