@@ -35,12 +35,14 @@ from stitchsim_worker.engine.models import build_model
 from stitchsim_worker.engine.network import Network
 from stitchsim_worker.engine.zoo import make_checkpoint
 
-# Today's method (before the cosine defaults): DESIGN's 200 signed steps of 1/255, every
-# sample stepped to the end, the last iterate kept, the kernels of the first releases.
+# Today's method (before the cosine defaults): DESIGN's 200 signed steps of 1/255 (the sign of
+# each step's own gradient), every sample stepped to the end, the last iterate kept, the
+# kernels of the first releases.
 OLD = IRISettings(
     steps=200,
     step_size=1 / 255,
     schedule="constant",
+    momentum=0,
     extra_rounds=0,
     stop_below=None,
     fast_kernels=False,

@@ -125,17 +125,24 @@ class IRISettings(_Strict):
     """How IRIs are synthesised (DESIGN §1): signed-gradient steps from uniform noise.
 
     The defaults depart from DESIGN's 200 constant steps of 1/255: a cosine schedule from a
-    large step, the best iterate kept per sample, per-sample early stopping and
-    convergence-driven extra rounds converge at every stage point of the built-in sets, in
-    less time (bench/iri_convergence.py).
-    `schedule: "constant", step_size: 1/255, extra_rounds: 0, stop_below: null` is the
-    original method.
+    large step, the sign of a running sum of gradients (momentum), the best iterate kept per
+    sample, per-sample early stopping and convergence-driven extra rounds converge at every
+    stage point of the built-in sets, in less time (bench/iri_convergence.py).
+    `schedule: "constant", step_size: 1/255, momentum: 0, extra_rounds: 0, stop_below: null`
+    is the original method.
     """
 
     steps: int = Field(default=100, ge=1, le=10_000, description="steps of the first round")
     step_size: float = Field(
         default=32 / 255, gt=0, le=1,
         description="in [0,1] pixel units: the peak step (cosine) or the fixed step (constant)",
+    )
+    momentum: float = Field(
+        default=0.9, ge=0, lt=1,
+        description="each step follows the sign of a running sum of the sample's gradients "
+        "(each scaled to unit mean magnitude), decayed by this factor per step (MI-FGSM): a "
+        "direction that holds across steps is kept through the oscillation of plain signed "
+        "steps; 0: the sign of the step's own gradient (the original method)",
     )
     schedule: IRISchedule = Field(
         default="cosine",

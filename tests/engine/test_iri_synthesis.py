@@ -57,24 +57,39 @@ def make(net: Network, point: str, pixels: Bank, banks: BankBuilder,
 
 
 # The shallowest and the deepest stage point of each family: the first is the hardest to
-# match (the most spatial detail), the last the one furthest from the pixels. At the
-# narrow test_resnet's act1 (16 channels right after the stem's ReLU) the defaults end at the
-# line, not reliably under it: 0.22-0.27 on fixture checkpoints trained on different CPUs (the
-# same seed, other float rounding); a job there says so in its report (IRIs "did not
-# converge"). That point is held to 10 % above the line.
-@pytest.mark.parametrize(("family", "point", "slack"), [
-    ("resnet", "act1", 1.1), ("resnet", "layer2", 1.0), ("resnet", "layer4", 1.0),
-    ("vit", "blocks.0", 1.0), ("vit", "blocks.5", 1.0),
+# match (the most spatial detail), the last the one furthest from the pixels. The narrow
+# test_resnet's act1 (a deep stem of three ReLUs) is where plain signed steps stall: without
+# momentum the defaults ended at the line (0.22-0.27 after all 700 steps); with it they end
+# well under it in the first round (about 0.16 at 100 steps, bench/iri_convergence.py).
+@pytest.mark.parametrize(("family", "point"), [
+    ("resnet", "act1"), ("resnet", "layer2"), ("resnet", "layer4"),
+    ("vit", "blocks.0"), ("vit", "blocks.5"),
 ])
-def test_defaults_converge_at_stage_points(networks, pixels, banks, family, point,  # type: ignore[no-untyped-def]
-                                           slack) -> None:
+def test_defaults_converge_at_stage_points(networks, pixels, banks, family, point) -> None:  # type: ignore[no-untyped-def]
     settings = IRISettings()
     made = make(networks[family], point, pixels, banks, settings)
     median, start = float(np.median(made.final)), float(np.median(made.start))
-    assert median < slack * settings.converged_below, (family, point, median)
+    assert median < settings.converged_below, (family, point, median)
     assert median < 0.35 * start  # from noise (~0.9-1.0) to a fraction of it
     assert (made.final <= made.start).all()  # the best iterate is kept: never worse than noise
     assert (made.steps >= 1).all() and (made.steps <= settings.max_steps).all()
+
+
+def test_momentum_gets_further_than_plain_signed_steps_in_the_same_steps(networks, pixels,
+                                                                         banks) -> None:
+    """The same schedule and steps, the sign of the gradient's running sum against the sign of
+    each step's own gradient: where plain signed steps oscillate (the ReLU stem of act1) the
+    running sum gets much further; momentum 0 is the original signed step."""
+    net = networks["resnet"]
+    one_round = IRISettings(steps=100, extra_rounds=0, stop_below=None)
+    plain_steps = one_round.model_copy(update={"momentum": 0.0})
+    for point in ("act1", "layer2"):
+        with_momentum, plain = (make(net, point, pixels, banks, s)
+                                for s in (one_round, plain_steps))
+        assert (with_momentum.steps == plain.steps).all()  # the same work
+        assert np.abs(with_momentum.start - plain.start).max() < 1e-6  # the same noise
+        assert np.median(with_momentum.final) < 0.75 * np.median(plain.final), point
+        assert np.quantile(with_momentum.final, 0.9) < np.quantile(plain.final, 0.9), point
 
 
 def test_early_stopping_saves_steps_and_keeps_quality(networks, pixels, banks) -> None:

@@ -78,6 +78,7 @@ def test_the_budget_counts_what_the_plan_counts(ckpts, tmp_path, model: str) -> 
 
 def test_the_estimate_counts_iris_at_their_cap_and_expects_less(ckpts, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from stitchsim_worker.engine import Resources, check_spec
+    from stitchsim_worker.engine.plan import IRI_STEPS_EXPECTED
 
     path = {"path": str(ckpts.digits_resnet)}
     std = Spec.model_validate(tiny_spec({"checkpoint": path}, {"checkpoint": path}))
@@ -88,10 +89,11 @@ def test_the_estimate_counts_iris_at_their_cap_and_expects_less(ckpts, tmp_path)
     assert a.expected_units == a.units
     # IRIs: rounds of 50 steps, the first and 6 extra: a cap of 350 steps of 3 units a full
     # batch, for 200 training samples in batches of 256 (a step counts the share of a batch it
-    # steps), expected at the 150 steps a set is taken to need (plan.IRI_STEPS_EXPECTED).
+    # steps), expected at the steps a set is taken to need (plan.IRI_STEPS_EXPECTED).
     iri_cap = round(3 * 350 * 200 / 256)
     assert b.units - a.units >= iri_cap, (a, b)
-    assert b.units - b.expected_units == iri_cap - round(150 / 350 * iri_cap), (a, b)
+    expected = round(IRI_STEPS_EXPECTED / 350 * iri_cap)
+    assert b.units - b.expected_units == iri_cap - expected, (a, b)
 
 
 def test_a_large_model_counts_more_units_for_the_same_spec(ckpts, tmp_path) -> None:  # type: ignore[no-untyped-def]
