@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One realistic job on a GPU machine, in one call: resnet18 on 32x32 digits, 9 stitch points,
 # objectives slm and fula, both protocols, both directions, through `stitchsim-server run`;
-# prints the stage timings from the report's environment.stage_seconds and the total.
+# prints the stage timings from the report's environment.stage_seconds and the total, and on a
+# GPU its utilisation (mean and share of samples above 50 %) and peak memory, sampled by
+# nvidia-smi every 200 ms while the job runs.
 #
 #   bash bench/gpu.sh                  # fresh machine: installs into .venv, then the full job
 #   bash bench/gpu.sh --quick          # 3 points, 1 epoch, few samples: a check that runs on CPU
@@ -9,7 +11,8 @@
 #
 # Options: --quick, --python PY (skip the install), --out DIR (default $OUT, else
 # .stitchsim/bench-gpu), --device auto|cpu|cuda (default auto: the GPU when there is one).
-# Writes DIR/spec.json, DIR/report.json, DIR/table.txt and DIR/timings.json. Exits non-zero when the job fails
+# Writes DIR/spec.json, DIR/report.json, DIR/table.txt, DIR/timings.json and, on a GPU,
+# DIR/gpu_samples.csv. Exits non-zero when the job fails
 # or the report lacks rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +27,7 @@ while [ $# -gt 0 ]; do
     --python) python="$2"; shift ;;
     --out) out="$2"; shift ;;
     --device) device="$2"; shift ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -47,6 +50,7 @@ command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,dr
 QUICK="$quick" OUT_DIR="$out" DEVICE="$device" PYTHONUNBUFFERED=1 "$python" - <<'EOF'
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -108,12 +112,31 @@ t = time.perf_counter()
 cache = out / "cache"
 # A fresh cache each time: IRIs cached by an earlier run would hide their cost.
 subprocess.run(["rm", "-rf", str(cache)], check=True)
+# The GPU's own view of the job, from outside the process: utilisation and memory in use.
+samples_path = out / "gpu_samples.csv"
+sampler = None
+if shutil.which("nvidia-smi"):
+    sampler = subprocess.Popen(
+        ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
+         "-lms", "200"], stdout=samples_path.open("w"), stderr=subprocess.DEVNULL)
 # The results table goes to table.txt: the timings are what this prints.
 with open(out / "table.txt", "w") as table:
     run = subprocess.run([sys.executable, "-m", "stitchsim_worker.cli", "run",
                           str(out / "spec.json"), "--out", str(out / "report.json"),
                           "--cache-dir", str(cache), "--quiet"], stdout=table)
 wall = time.perf_counter() - t
+gpu: dict = {}
+if sampler is not None:
+    sampler.terminate()
+    sampler.wait()
+    rows_gpu = [[float(v) for v in line.split(",")[:2]]
+                for line in samples_path.read_text().splitlines() if line.count(",") >= 1
+                and line.split(",")[0].strip().replace(".", "").isdigit()]
+    if rows_gpu:
+        utils = [u for u, _ in rows_gpu]
+        gpu = {"samples": len(rows_gpu), "util_mean_pct": round(sum(utils) / len(utils), 1),
+               "util_above_50pct_share": round(sum(u > 50 for u in utils) / len(utils), 3),
+               "memory_peak_mib": max(m for _, m in rows_gpu)}
 if run.returncode != 0:
     sys.exit(f"stitchsim-server run failed with {run.returncode}")
 
@@ -134,12 +157,18 @@ iri = [r["iri"] for r in rows if r.get("iri")]
 if iri:
     print(f"IRIs: median final distance {sorted(i['median'] for i in iri)[len(iri) // 2]:.3f}, "
           f"converged {sum(i['converged'] for i in iri)}/{len(iri)}")
+if gpu:
+    print(f"GPU: utilisation {gpu['util_mean_pct']:.0f} % on average, above 50 % in "
+          f"{gpu['util_above_50pct_share']:.0%} of {gpu['samples']} samples; peak memory "
+          f"{gpu['memory_peak_mib']:.0f} MiB (whole device, nvidia-smi)")
+if "peak_memory_mib" in env:
+    print(f"peak memory allocated by the job's tensors: {env['peak_memory_mib']:.0f} MiB")
 print(f"similarity {report['summary']['similarity']:.3f} "
       f"({report['summary']['similarity_protocol']}), verdict {report['verdict']}")
 (out / "timings.json").write_text(json.dumps(
     {"device": env["device"], "device_name": env.get("device_name"), "points": points,
      "rows": len(rows), "job_seconds": env["seconds"], "process_seconds": round(wall, 3),
-     "stage_seconds": stages}, indent=2))
+     "stage_seconds": stages, "gpu": gpu}, indent=2))
 if len(rows) != expected:
     sys.exit(f"expected {expected} result rows, got {len(rows)}")
 EOF

@@ -36,6 +36,7 @@ DATASET = "digits_digit_only"
 
 def narrow_models(root: Path) -> tuple[Path, Path]:
     """Two seeds at timm's default test_resnet widths, the demo's old models."""
+    root.mkdir(parents=True, exist_ok=True)
     paths = []
     for seed in (0, 1):
         path = root / f"narrow-{seed}.safetensors"

@@ -150,7 +150,8 @@ class IRISettings(_Strict):
     )
     cycle_steps: int = Field(
         default=100, ge=1, le=10_000,
-        description="length of a cosine cycle in the first round; twice as long each extra round",
+        description="length of a cosine cycle in the first round; each extra round's is "
+        "extra_round_growth times the one before",
     )
     extra_rounds: int = Field(
         default=6, ge=0, le=6,

@@ -63,6 +63,9 @@ def run_job(
         tracker.enter("prepare")
         torch.manual_seed(spec.train.seed)
         device = pick_device(spec.device)
+        if device.type == "cuda":
+            # A worker runs many jobs: the peak in the report must be this job's own.
+            torch.cuda.reset_peak_memory_stats(device)
         prep = prepare(spec, resources, device, tracker.should_cancel)
         tracker.plan(plan_units(spec, prep))
         ctx = JobContext.open(spec, prep, resources, tracker, device)
@@ -189,4 +192,11 @@ def _environment(device: torch.device, tracker: Tracker, seed: int, seconds: flo
         "seconds": round(seconds, 3),
         "stage_seconds": {k: round(v, 3) for k, v in tracker.timings.items()},
         "unit_seconds": tracker.unit_seconds(),
+        **_peak_memory(device),
     }
+
+
+def _peak_memory(device: torch.device) -> dict:
+    if device.type != "cuda":
+        return {}
+    return {"peak_memory_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)}
