@@ -105,7 +105,7 @@ spec = {
 }
 if quick:
     spec["train"] = {"epochs": 1, "max_train_samples": 256, "max_test_samples": 128}
-    spec["iri"] = {"steps": 5}
+    spec["iri"] = {"steps": 5, "extra_rounds": 0}
 (out / "spec.json").write_text(json.dumps(spec, indent=2))
 
 t = time.perf_counter()
