@@ -103,7 +103,10 @@ def test_early_stopping_saves_steps_and_keeps_quality(networks, pixels, banks) -
     assert stopped.any()
     assert (fast.final[stopped] < stopping.stop_below).all()  # only converged samples stop
     assert np.median(fast.final) < stopping.converged_below
-    assert np.quantile(fast.final, 0.9) <= np.quantile(full.final, 0.9) + 0.05
+    # Stopping costs at most the line it stops at: with momentum every step may end far under
+    # it (0.02 here), so the line, not the full run, bounds the stopped samples.
+    assert np.quantile(fast.final, 0.9) <= max(stopping.stop_below,
+                                               np.quantile(full.final, 0.9) + 0.05)
     # Samples left in the compacted batch keep their own noise and trajectory.
     assert np.abs(fast.start - full.start).max() < 1e-5
 
@@ -126,7 +129,8 @@ def test_extra_rounds_run_only_while_the_median_is_short_of_the_aim(networks, pi
 def test_extra_rounds_that_stop_at_the_aim_step_only_the_samples_above_it(networks, pixels,
                                                                           banks) -> None:
     net, point = networks["resnet"], "layer2"
-    every = IRISettings(steps=30, extra_rounds=6, stop_below=None,
+    # 10 steps leave the median above the line here (the test above), so extra rounds run.
+    every = IRISettings(steps=10, extra_rounds=6, stop_below=None,
                         extra_rounds_stop_at_aim=False)
     at_aim = every.model_copy(update={"extra_rounds_stop_at_aim": True})
     full, fast = (make(net, point, pixels, banks, s) for s in (every, at_aim))
@@ -134,7 +138,7 @@ def test_extra_rounds_that_stop_at_the_aim_step_only_the_samples_above_it(networ
     assert fast.steps.sum() < full.steps.sum()
     # The first round is the same; after it, only the samples above the aim took steps, and
     # the ones that took fewer steps than the others stopped below it.
-    assert (fast.steps >= 30).all() and np.median(fast.final) < every.converged_below
+    assert (fast.steps >= 10).all() and np.median(fast.final) < every.converged_below
     short = fast.steps < full.steps
     assert short.any() and (fast.final[short] < aim).all()
     assert (fast.final >= full.final - 1e-6).all()  # each sample: the same path, cut short
