@@ -92,6 +92,24 @@ for seed in (0, 1):
 print(f"checkpoints: {time.perf_counter() - t:.1f} s (test accuracy {accs or '-'})", flush=True)
 suffix = "_init" if quick else ""
 
+def gpu_summary(path: Path) -> dict:
+    """Mean utilisation, the share of samples above 50 % and the peak memory in use, from
+    nvidia-smi's "util, MiB" lines; lines it could not fill ("[N/A]") are skipped."""
+    samples = []
+    for line in path.read_text().splitlines():
+        try:
+            util, mib = (float(v) for v in line.split(",")[:2])
+        except ValueError:
+            continue
+        samples.append((util, mib))
+    if not samples:
+        return {}
+    utils = [u for u, _ in samples]
+    return {"samples": len(samples), "util_mean_pct": round(sum(utils) / len(utils), 1),
+            "util_above_50pct_share": round(sum(u > 50 for u in utils) / len(utils), 3),
+            "memory_peak_mib": max(m for _, m in samples)}
+
+
 spec = {
     "front": {"checkpoint": {"path": str(ckpt_dir / f"resnet18_seed0{suffix}.safetensors")}},
     "back": {"checkpoint": {"path": str(ckpt_dir / f"resnet18_seed1{suffix}.safetensors")}},
@@ -129,14 +147,7 @@ gpu: dict = {}
 if sampler is not None:
     sampler.terminate()
     sampler.wait()
-    rows_gpu = [[float(v) for v in line.split(",")[:2]]
-                for line in samples_path.read_text().splitlines() if line.count(",") >= 1
-                and line.split(",")[0].strip().replace(".", "").isdigit()]
-    if rows_gpu:
-        utils = [u for u, _ in rows_gpu]
-        gpu = {"samples": len(rows_gpu), "util_mean_pct": round(sum(utils) / len(utils), 1),
-               "util_above_50pct_share": round(sum(u > 50 for u in utils) / len(utils), 3),
-               "memory_peak_mib": max(m for _, m in rows_gpu)}
+    gpu = gpu_summary(samples_path)
 if run.returncode != 0:
     sys.exit(f"stitchsim-server run failed with {run.returncode}")
 

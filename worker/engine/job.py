@@ -196,7 +196,7 @@ def _environment(device: torch.device, tracker: Tracker, seed: int, seconds: flo
     }
 
 
-def _peak_memory(device: torch.device) -> dict:
+def _peak_memory(device: torch.device) -> dict[str, float]:
     if device.type != "cuda":
         return {}
     return {"peak_memory_mib": round(torch.cuda.max_memory_allocated(device) / 2**20, 1)}
