@@ -20,16 +20,16 @@ import timm
 import torch
 from stitchsim.models import Spec
 from stitchsim_worker.engine import Resources, run_job
-from stitchsim_worker.engine.data import builtin
-from stitchsim_worker.engine.metrics import evaluate, relative_distance
-from stitchsim_worker.engine.models import build_model, save_checkpoint
-from stitchsim_worker.engine.objectives import (
+from stitchsim_worker.engine.data.datasets import builtin
+from stitchsim_worker.engine.measures.metrics import evaluate, relative_distance
+from stitchsim_worker.engine.models.loading import build_model, save_checkpoint
+from stitchsim_worker.engine.stitching.layer import LeastSquares, StitchLayer, rep_of
+from stitchsim_worker.engine.stitching.objectives import (
     hard_label_loss,
     latent_alignment_loss,
     soft_label_loss,
 )
-from stitchsim_worker.engine.stitch import LeastSquares, StitchLayer, rep_of
-from stitchsim_worker.engine.train import LossInputs
+from stitchsim_worker.engine.stitching.train import LossInputs
 
 OBJECTIVES = ["hlm", "slm", "dm", "fula"]
 

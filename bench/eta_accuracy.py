@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stitchsim.models import Spec  # noqa: E402
 from stitchsim_service.core.settings import Settings  # noqa: E402
 from stitchsim_worker.engine import Resources, check_spec, run_job  # noqa: E402
-from stitchsim_worker.engine.zoo import make_checkpoint  # noqa: E402
+from stitchsim_worker.engine.models.zoo import make_checkpoint  # noqa: E402
 from stitchsim_worker.run_command import train_demo_models  # noqa: E402
 
 from tests.service.helpers import TINY_SPEC  # noqa: E402

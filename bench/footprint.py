@@ -111,7 +111,7 @@ def _settled(pid: int, settle: float) -> tuple[int, int, list[str]]:
 
 
 def _one_job(url: str) -> float:
-    from stitchsim_worker.engine.zoo import make_checkpoint
+    from stitchsim_worker.engine.models.zoo import make_checkpoint
 
     from tests.service.helpers import TINY_SPEC
 

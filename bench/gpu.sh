@@ -79,13 +79,13 @@ for seed in (0, 1):
     if quick:
         import timm
         import torch
-        from stitchsim_worker.engine.models import save_checkpoint
+        from stitchsim_worker.engine.models.loading import save_checkpoint
 
         torch.manual_seed(seed)
         net = timm.create_model("resnet18", pretrained=False, num_classes=10)
         save_checkpoint(net, path, "resnet18", {"num_classes": 10})
     else:
-        from stitchsim_worker.engine.zoo import make_checkpoint
+        from stitchsim_worker.engine.models.zoo import make_checkpoint
 
         accs[seed] = round(make_checkpoint(path, "resnet18", "digits", seed=seed, epochs=4,
                                            lr=3e-3), 3)

@@ -23,7 +23,7 @@ from typing import Any
 
 from stitchsim.models import Report, Spec
 from stitchsim_worker.engine import Resources, run_job
-from stitchsim_worker.engine.zoo import make_checkpoint
+from stitchsim_worker.engine.models.zoo import make_checkpoint
 
 
 def _spec(front: Path, back: Path, args: argparse.Namespace, **extra: Any) -> Spec:

@@ -221,7 +221,7 @@ def run_mode(mode: str, factory: ServiceFactory, args: argparse.Namespace,
 
 
 def make_small(work: Path, seed: int) -> Path:
-    from stitchsim_worker.engine.zoo import make_checkpoint
+    from stitchsim_worker.engine.models.zoo import make_checkpoint
 
     path = work / f"small{seed}.safetensors"
     if not path.exists():

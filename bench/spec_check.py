@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 from stitchsim.models import Spec
 from stitchsim_worker.engine import Resources, check_spec
-from stitchsim_worker.engine.data import load_dataset
-from stitchsim_worker.engine.models import build_model
-from stitchsim_worker.engine.network import Network
+from stitchsim_worker.engine.data.datasets import load_dataset
+from stitchsim_worker.engine.models.loading import build_model
+from stitchsim_worker.engine.models.network import Network
 
 mode, path = sys.argv[1], sys.argv[2]
 spec = Spec.model_validate({"front": {"checkpoint": {"path": path}},
@@ -73,7 +73,7 @@ def main() -> None:
     parser.add_argument("--archs", nargs="*", default=list(CASES))
     args = parser.parse_args()
     import timm
-    from stitchsim_worker.engine.models import save_checkpoint
+    from stitchsim_worker.engine.models.loading import save_checkpoint
 
     print(f"{'arch':<24}{'full cold':>10}{'meta cold':>10}{'full warm':>10}{'meta warm':>10}"
           f"{'ratio':>7}{'full MB':>9}{'meta MB':>9}")

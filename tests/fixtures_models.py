@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from stitchsim_worker.engine.zoo import make_checkpoint
+from stitchsim_worker.engine.models.zoo import make_checkpoint
 
 # name: (arch, dataset, arch kwargs, seed, training settings)
 CNN = {"epochs": 10, "lr": 0.01}

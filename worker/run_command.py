@@ -167,7 +167,7 @@ DEMO_MODELS = {  # file name: (dataset, seed)
 
 def train_demo_models(out: Path, names: tuple[str, ...] = tuple(DEMO_MODELS)) -> list[str]:
     """Train the demo models (of `names`) that `out` does not have yet; one line per model."""
-    from stitchsim_worker.engine.zoo import make_checkpoint
+    from stitchsim_worker.engine.models.zoo import make_checkpoint
 
     out.mkdir(parents=True, exist_ok=True)
     lines = []
@@ -192,7 +192,7 @@ def demo_models_command(args: argparse.Namespace) -> int:
 
 
 def _robust_demo_model(path: Path) -> None:
-    from stitchsim_worker.engine.robust import make_robust_checkpoint
+    from stitchsim_worker.engine.models.robust import make_robust_checkpoint
 
     if path.exists():
         print(f"{path}: exists")

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from stitchsim.models import ModelSummary, PreprocessInfo, Report, ResultRow, Spec
-from stitchsim_worker.engine.summary import summarise, verdict_caveats, withheld
-from stitchsim_worker.engine.summary import verdict as engine_verdict
+from stitchsim_worker.engine.measures.summary import summarise, verdict_caveats, withheld
+from stitchsim_worker.engine.measures.summary import verdict as engine_verdict
 
 
 def make_report(

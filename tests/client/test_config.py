@@ -106,12 +106,12 @@ def test_timeout_zero_means_no_limit(tmp_path: Path, home: dict[str, str]) -> No
 
 
 def test_cli_spec_fields_layer_on_config_spec(tmp_path: Path, home: dict[str, str]) -> None:
-    from stitchsim.cli import _parser, spec_fields
+    from stitchsim.cli import build_parser, spec_fields
 
     write(tmp_path / "stitchsim.toml", '[spec]\nobjectives = ["slm"]\ntrain = {epochs = 3}\n')
     spec_file = write(tmp_path / "spec.json", '{"train": {"seed": 4}, "iri": {"steps": 9}}')
     settings = load_settings({"threshold": 0.8}, env=home, cwd=tmp_path)
-    args = _parser().parse_args(
+    args = build_parser().parse_args(
         [
             "check",
             "a",

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from stitchsim.models import AdversarialSettings
-from stitchsim_worker.engine.attacks import pgd
-from stitchsim_worker.engine.cues import CUES, class_places, palette
-from stitchsim_worker.engine.shapes import CLASSES, make_shapes
+from stitchsim_worker.engine.data.shapes import CLASSES, make_shapes
+from stitchsim_worker.engine.protocols.attacks import pgd
+from stitchsim_worker.engine.protocols.cues import CUES, class_places, palette
 
 
 def test_palette_colours_are_far_apart_and_fixed() -> None:

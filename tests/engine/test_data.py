@@ -9,7 +9,12 @@ import torch
 from safetensors.torch import save_file
 from stitchsim.models import BUILTIN_DATASETS, LocalPath, TrainSettings
 from stitchsim_worker.engine import Resources, SpecError
-from stitchsim_worker.engine.data import CLASS_COLOURS, builtin, load_dataset, save_dataset_file
+from stitchsim_worker.engine.data.datasets import (
+    CLASS_COLOURS,
+    builtin,
+    load_dataset,
+    save_dataset_file,
+)
 
 
 def _colour_class(images: torch.Tensor) -> torch.Tensor:

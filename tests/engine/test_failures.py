@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from stitchsim_worker.engine import EngineFailure
-from stitchsim_worker.engine.objectives import OBJECTIVES
-from stitchsim_worker.engine.train import FitTask
+from stitchsim_worker.engine.stitching.objectives import OBJECTIVES
+from stitchsim_worker.engine.stitching.train import FitTask
 
 from tests.engine.jobs import layers, run, spec
 

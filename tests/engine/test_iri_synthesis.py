@@ -10,19 +10,18 @@ import numpy as np
 import pytest
 import torch
 from stitchsim.models import IRISettings, ModelRef
-from stitchsim_worker.engine.bank import Bank, BankBuilder
-from stitchsim_worker.engine.data import builtin
-from stitchsim_worker.engine.iri import (
+from stitchsim_worker.engine.data.datasets import builtin
+from stitchsim_worker.engine.iri.kernels import FEW_CHANNELS, Kernels
+from stitchsim_worker.engine.iri.synthesis import (
     EXTRA_ROUNDS_AIM,
-    FEW_CHANNELS,
-    Kernels,
     Synthesis,
     round_lengths,
     step_schedule,
     synthesize,
 )
-from stitchsim_worker.engine.models import build_model
-from stitchsim_worker.engine.network import Network
+from stitchsim_worker.engine.models.loading import build_model
+from stitchsim_worker.engine.models.network import Network
+from stitchsim_worker.engine.stitching.bank import Bank, BankBuilder
 
 CPU = torch.device("cpu")
 N = 24  # training inputs per IRI set: one batch, a few seconds per point

@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 import torch
 from stitchsim.models import MeasureSettings
-from stitchsim_worker.engine.bank import BankBuilder
 from stitchsim_worker.engine.errors import SpecError
-from stitchsim_worker.engine.measures import MEASURES as REGISTRY
-from stitchsim_worker.engine.measures import (
+from stitchsim_worker.engine.measures.knn import knn_overlap
+from stitchsim_worker.engine.measures.similarity import MEASURES as REGISTRY
+from stitchsim_worker.engine.measures.similarity import (
     Estimate,
     batching,
     estimate,
-    knn_overlap,
     measure,
     partition,
     prepare,
 )
+from stitchsim_worker.engine.stitching.bank import BankBuilder
 
 SETTINGS = MeasureSettings()
 CPU = torch.device("cpu")
@@ -101,14 +101,14 @@ def test_cka_matches_the_direct_full_batch_formula() -> None:
 
 def test_unbiased_hsic_is_the_u_statistic_it_estimates() -> None:
     x, y = _data(9, 4, 3, noise=0.5, seed=1)
-    from stitchsim_worker.engine.measures import gram, hsic1
+    from stitchsim_worker.engine.measures.cka import gram, hsic1
 
     fast = float(hsic1(gram(_t(x)), gram(_t(y))))
     assert abs(fast - _hsic_u_statistic(x, y)) < 1e-9 * max(1.0, abs(fast))
 
 
 def test_bootstrap_weights_are_the_resampled_batch_without_self_pairs() -> None:
-    from stitchsim_worker.engine.measures import gram, hsic1, weighted_hsic1
+    from stitchsim_worker.engine.measures.cka import gram, hsic1, weighted_hsic1
 
     x, y = _data(40, 6, 5, noise=1.0, seed=15)
     kx, ky = gram(_t(x)), gram(_t(y))

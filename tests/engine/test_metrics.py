@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from stitchsim_worker.engine.metrics import (
+from stitchsim_worker.engine.measures.metrics import (
     agreement_per_sample,
     cohens_kappa,
     evaluate,

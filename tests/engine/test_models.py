@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 from stitchsim.models import ModelRef
 from stitchsim_worker.engine import SpecError, list_stitch_points
-from stitchsim_worker.engine.models import build_model, save_checkpoint
+from stitchsim_worker.engine.models.loading import build_model, save_checkpoint
 
 
 def _ckpt(tmp_path: Path, arch: str = "test_resnet", **kwargs: object) -> Path:

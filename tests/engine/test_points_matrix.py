@@ -20,11 +20,16 @@ import pytest
 import torch
 from stitchsim.models import ModelRef, Report, Spec, TrainSettings
 from stitchsim_worker.engine import Resources, SpecError, check_spec, list_stitch_points, run_job
-from stitchsim_worker.engine.data import Dataset, load_dataset
-from stitchsim_worker.engine.metrics import evaluate
-from stitchsim_worker.engine.models import Preprocess, build_model, random_model, save_checkpoint
-from stitchsim_worker.engine.network import Network
-from stitchsim_worker.engine.stitch import StitchLayer
+from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
+from stitchsim_worker.engine.measures.metrics import evaluate
+from stitchsim_worker.engine.models.loading import (
+    Preprocess,
+    build_model,
+    random_model,
+    save_checkpoint,
+)
+from stitchsim_worker.engine.models.network import Network
+from stitchsim_worker.engine.stitching.layer import StitchLayer
 from torch import nn
 
 # Explicit, so the figures do not depend on how preprocessing is chosen.

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from stitchsim.models import ModelRef
-from stitchsim_worker.engine.data import builtin
-from stitchsim_worker.engine.models import build_model
+from stitchsim_worker.engine.data.datasets import builtin
+from stitchsim_worker.engine.models.loading import build_model
 
 from tests.engine.jobs import layers, run, spec
 
@@ -119,7 +119,7 @@ def test_a_model_at_chance_is_flagged_and_gets_no_verdict(
 
 
 def test_candidates_are_the_architecture_config_plain_pixels_and_half() -> None:
-    from stitchsim_worker.engine.preprocess import candidates
+    from stitchsim_worker.engine.models.preprocess import candidates
 
     names = {n: (m, s) for n, m, s in candidates(timm.create_model("resnet18"))}
     assert list(names) == ["timm", "none", "inception"]

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from stitchsim_worker.engine.robust import make_robust_checkpoint
-from stitchsim_worker.engine.zoo import make_checkpoint
+from stitchsim_worker.engine.models.robust import make_robust_checkpoint
+from stitchsim_worker.engine.models.zoo import make_checkpoint
 
 from tests.engine.jobs import FAST_IA, FAST_IRI, layers, rows, run, spec
 

@@ -7,10 +7,14 @@ from typing import get_args
 
 import pytest
 from stitchsim.models import Control, Measure, Objective, Protocol
-from stitchsim_worker.engine.controls import CONTROLS
-from stitchsim_worker.engine.measures import MEASURES
-from stitchsim_worker.engine.objectives import OBJECTIVES, ObjectiveEntry, register_objective
+from stitchsim_worker.engine.measures.similarity import MEASURES
 from stitchsim_worker.engine.protocols import PROTOCOLS
+from stitchsim_worker.engine.protocols.controls import CONTROLS
+from stitchsim_worker.engine.stitching.objectives import (
+    OBJECTIVES,
+    ObjectiveEntry,
+    register_objective,
+)
 
 
 @pytest.mark.parametrize(

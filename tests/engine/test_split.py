@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import timm
 import torch
-from stitchsim_worker.engine.split import ModelSplitter, module_order
+from stitchsim_worker.engine.models.cutting import ModelSplitter, module_order
 
 ARCHS = [
     ("test_resnet", {}),

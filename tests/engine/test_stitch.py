@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from stitchsim_worker.engine.metrics import relative_distance
-from stitchsim_worker.engine.stitch import LeastSquares, StitchLayer, rep_of
+from stitchsim_worker.engine.measures.metrics import relative_distance
+from stitchsim_worker.engine.stitching.layer import LeastSquares, StitchLayer, rep_of
 
 
 def test_kinds_are_read_from_shapes() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from stitchsim.models import IRIStats, ModelSummary, ResultRow, Spec
-from stitchsim_worker.engine.summary import summarise, verdict, verdict_caveats, withheld
+from stitchsim_worker.engine.measures.summary import summarise, verdict, verdict_caveats, withheld
 
 SPEC = Spec.model_validate({
     "front": {"checkpoint": "sha256:" + "a" * 64}, "back": {"checkpoint": "sha256:" + "b" * 64},

@@ -21,8 +21,8 @@ from stitchsim.models import (
     ResultRow,
     Spec,
 )
-from stitchsim_worker.engine.summary import summarise, verdict_caveats, withheld
-from stitchsim_worker.engine.summary import verdict as engine_verdict
+from stitchsim_worker.engine.measures.summary import summarise, verdict_caveats, withheld
+from stitchsim_worker.engine.measures.summary import verdict as engine_verdict
 
 __all__ = ["make_sample_report", "summarise"]
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from stitchsim.models import Spec
-from stitchsim_worker.engine.iri import round_lengths
-from stitchsim_worker.engine.progress import PRIOR_SECONDS, Plan, Tracker, Units
+from stitchsim_worker.engine.iri.synthesis import round_lengths
+from stitchsim_worker.engine.job.progress import PRIOR_SECONDS, Plan, Tracker, Units
 
 from tests.service.conftest import tiny_spec
 

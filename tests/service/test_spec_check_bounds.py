@@ -78,7 +78,7 @@ def test_the_budget_counts_what_the_plan_counts(ckpts, tmp_path, model: str) -> 
 
 def test_the_estimate_counts_iris_at_their_cap_and_expects_less(ckpts, tmp_path) -> None:  # type: ignore[no-untyped-def]
     from stitchsim_worker.engine import Resources, check_spec
-    from stitchsim_worker.engine.plan import IRI_STEPS_EXPECTED
+    from stitchsim_worker.engine.job.plan import IRI_STEPS_EXPECTED
 
     path = {"path": str(ckpts.digits_resnet)}
     std = Spec.model_validate(tiny_spec({"checkpoint": path}, {"checkpoint": path}))
@@ -103,8 +103,8 @@ def test_a_large_model_counts_more_units_for_the_same_spec(ckpts, tmp_path) -> N
     import torch
     from safetensors.torch import save_file
     from stitchsim_worker.engine import Resources, check_spec
-    from stitchsim_worker.engine.costs import REFERENCE_FLOPS
     from stitchsim_worker.engine.errors import SpecError
+    from stitchsim_worker.engine.job.costs import REFERENCE_FLOPS
     from torch.utils.flop_counter import FlopCounterMode
 
     kwargs = {"num_classes": 10}

@@ -6,10 +6,10 @@ Public surface:
     list_stitch_points(arch, arch_kwargs) -> list[str]
 """
 
-from stitchsim_worker.engine.check import check_spec
 from stitchsim_worker.engine.errors import EngineFailure, JobCancelled, SpecError
-from stitchsim_worker.engine.job import run_job
-from stitchsim_worker.engine.points import list_stitch_points
+from stitchsim_worker.engine.job.check import check_spec
+from stitchsim_worker.engine.job.run import run_job
+from stitchsim_worker.engine.models.points import list_stitch_points
 from stitchsim_worker.engine.resources import CancelFn, ProgressFn, Resources
 
 __all__ = [

@@ -1,0 +1,5 @@
+import sys
+
+from stitchsim.cli.main import main
+
+sys.exit(main())

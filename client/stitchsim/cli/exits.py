@@ -1,0 +1,59 @@
+"""Exit codes (stable, for CI), and which one an error ends the command with.
+
+    0  check passed (similarity >= threshold); other commands: success
+    1  check ran and the similarity is below the threshold
+    2  usage, configuration or spec error (fix the command, the files or the spec)
+    3  service or infrastructure error, including the service being unreachable (retry later)
+    4  timed out waiting for the job
+"""
+
+from __future__ import annotations
+
+import logging
+
+from stitchsim.errors import (
+    APIError,
+    AuthenticationError,
+    ConnectionFailed,
+    InvalidRequest,
+    JobFailed,
+    NotFound,
+    UsageError,
+    WaitTimeout,
+)
+
+EXIT_PASS = 0
+EXIT_BELOW_THRESHOLD = 1
+EXIT_USAGE = 2
+EXIT_SERVICE = 3
+EXIT_TIMEOUT = 4
+EXIT_INTERRUPTED = 130
+
+log = logging.getLogger("stitchsim")
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The exit code an error ends the command with: whose fault it is comes from the
+    error-code registry (stitchsim.codes) where the code is known, else from the HTTP status."""
+    if isinstance(exc, WaitTimeout):
+        return EXIT_TIMEOUT
+    if isinstance(exc, UsageError):
+        return EXIT_USAGE
+    if isinstance(exc, JobFailed):
+        return EXIT_USAGE if exc.is_user_error else EXIT_SERVICE
+    if isinstance(exc, APIError) and exc.is_user_error is not None:
+        return EXIT_USAGE if exc.is_user_error else EXIT_SERVICE
+    if isinstance(exc, InvalidRequest | AuthenticationError | NotFound):
+        return EXIT_USAGE
+    # Everything else, including bugs in this client, must not read as "below threshold" (1).
+    return EXIT_SERVICE
+
+
+def hint_for(exc: BaseException) -> str | None:
+    if isinstance(exc, ConnectionFailed):
+        return "is the service running? set --url, $STITCHSIM_URL or url in stitchsim.toml"
+    if isinstance(exc, AuthenticationError):
+        return "set --api-key or $STITCHSIM_API_KEY"
+    if isinstance(exc, WaitTimeout):
+        return f"follow it with `stitchsim jobs wait {exc.job_id}`, or raise --timeout"
+    return None

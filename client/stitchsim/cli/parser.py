@@ -1,0 +1,133 @@
+"""The command line: every command, its options and its help."""
+
+from __future__ import annotations
+
+import argparse
+
+from stitchsim import __version__
+from stitchsim.cli.check import cmd_check
+from stitchsim.cli.jobs import (
+    cmd_compare,
+    cmd_jobs_cancel,
+    cmd_jobs_list,
+    cmd_jobs_show,
+    cmd_jobs_wait,
+    cmd_report,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # SUPPRESS: an option left out on `jobs list` must not erase one given on `jobs`.
+    common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    g = common.add_argument_group("service")
+    g.add_argument("--url", help="service URL ($STITCHSIM_URL; default http://127.0.0.1:8000)")
+    g.add_argument("--api-key", help="API key ($STITCHSIM_API_KEY)")
+    g.add_argument("--config", help="config file ($STITCHSIM_CONFIG; default stitchsim.toml)")
+    g.add_argument("--retries", type=int, help="retries per request ($STITCHSIM_RETRIES; 5)")
+    g.add_argument("-q", "--quiet", action="store_true", help="print only results and errors")
+
+    spec = argparse.ArgumentParser(add_help=False)
+    s = spec.add_argument_group("spec (later options override earlier sources)")
+    s.add_argument("--spec", metavar="FILE", help="JSON file with spec fields")
+    s.add_argument("--dataset", help="built-in name, dataset id, or a safetensors file to upload")
+    s.add_argument(
+        "--layers",
+        help="'auto', or stitch pairs FRONT:BACK (or NAME for both) separated by commas",
+    )
+    s.add_argument("--objectives", help="comma-separated: hlm, slm, dm, fula")
+    s.add_argument("--protocols", help="comma-separated: standard, invariance_aware")
+    s.add_argument("--directions", choices=["front_to_back", "back_to_front", "both"])
+    s.add_argument("--controls", help="comma-separated: clustered_noise, identity, shortcut")
+    s.add_argument("--arch", help="timm architecture of both models (else from the files)")
+    s.add_argument("--arch-kwargs", metavar="JSON", help="e.g. '{\"num_classes\": 10}'")
+    s.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any spec field by dotted path, value as JSON (e.g. train.epochs=2, iri.steps=50)",
+    )
+    s.add_argument(
+        "--threshold", type=float, help="similarity needed to pass ($STITCHSIM_THRESHOLD)"
+    )
+
+    wait = argparse.ArgumentParser(add_help=False)
+    w = wait.add_argument_group("waiting and output")
+    w.add_argument("--timeout", help="seconds to wait for the job; 0 = no limit (default 3600)")
+    w.add_argument(
+        "--progress",
+        choices=["auto", "bar", "lines", "none"],
+        default="auto",
+        help="progress display on stderr (auto: a bar on a terminal, lines otherwise)",
+    )
+    w.add_argument("--json", metavar="FILE", help="write the JSON report here")
+    w.add_argument("--html", metavar="FILE", help="write the HTML report here")
+
+    parser = argparse.ArgumentParser(
+        prog="stitchsim",
+        description="Functional similarity of neural networks, from a stitchsim service.",
+        epilog="Exit codes: 0 pass/ok, 1 below threshold, 2 usage or spec error, "
+        "3 service error (retry later), 4 timeout.",
+    )
+    parser.add_argument("--version", action="version", version=f"stitchsim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser(
+        "check",
+        parents=[common, spec, wait],
+        help="compare a candidate with a reference and pass or fail (for CI)",
+        description="Upload (or reuse) REFERENCE and CANDIDATE, compare them, print a table, "
+        "and exit 0 when the similarity reaches the threshold, 1 when it does not. The "
+        "reference is always the front model, so work that depends only on it (its IRIs) is "
+        "cached by the service across checks.",
+    )
+    p.add_argument("reference", help="safetensors file or sha256: id")
+    p.add_argument("candidate", help="safetensors file or sha256: id")
+    p.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report here")
+    p.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="leave the job running on timeout or interrupt (default: cancel it)",
+    )
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser(
+        "compare",
+        parents=[common, spec, wait],
+        help="start a comparison (and optionally wait for its report)",
+    )
+    p.add_argument("front", help="safetensors file or sha256: id")
+    p.add_argument("back", help="safetensors file or sha256: id")
+    p.add_argument("--wait", action="store_true", help="wait and print the results table")
+    p.set_defaults(func=cmd_compare)
+
+    # `stitchsim jobs --json` lists, as `stitchsim jobs list --json` does.
+    listing = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
+    listing.add_argument("--limit", type=int, help="jobs per page (default 20)")
+    listing.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
+    p = sub.add_parser(
+        "jobs", parents=[common, listing], help="list, show, wait for or cancel jobs"
+    )
+    jobs = p.add_subparsers(dest="jobs_command", metavar="ACTION")
+    p.set_defaults(func=cmd_jobs_list)
+    q = jobs.add_parser("list", parents=[common, listing], help="your jobs, newest first (default)")
+    q.set_defaults(func=cmd_jobs_list)
+    q = jobs.add_parser("show", parents=[common], help="state and progress of a job")
+    q.add_argument("job_id")
+    q.add_argument(
+        "--json", dest="as_json", action="store_true", default=argparse.SUPPRESS, help="print JSON"
+    )
+    q.set_defaults(func=cmd_jobs_show)
+    q = jobs.add_parser("cancel", parents=[common], help="cancel a job")
+    q.add_argument("job_id")
+    q.set_defaults(func=cmd_jobs_cancel)
+    q = jobs.add_parser("wait", parents=[common, wait], help="wait for a job and print results")
+    q.add_argument("job_id")
+    q.set_defaults(func=cmd_jobs_wait)
+
+    p = sub.add_parser("report", parents=[common], help="fetch a finished job's report")
+    p.add_argument("job_id")
+    p.add_argument("--format", choices=["json", "html", "table"], default="json")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    p.set_defaults(func=cmd_report)
+    return parser

@@ -1,0 +1,113 @@
+"""The spec a command line asks for: config file < --spec file < flags < --set."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from stitchsim.config import Settings, deep_merge, load_settings
+from stitchsim.errors import (
+    UsageError,
+)
+from stitchsim.sdk import Client
+
+
+def parse_layers(text: str) -> list[dict[str, str]] | str:
+    text = text.strip()
+    if text == "auto":
+        return "auto"
+    pairs = []
+    for item in (t.strip() for t in text.split(",")):
+        if not item:
+            continue
+        front, sep, back = item.partition(":")
+        if not front or (sep and not back):
+            raise UsageError(f"--layers: {item!r} is not FRONT:BACK or NAME")
+        pairs.append({"front": front, "back": back if sep else front})
+    if not pairs:
+        raise UsageError("--layers: no stitch pairs given")
+    return pairs
+
+
+def _csv(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # bare words such as `auto` or `resnet18`
+
+
+def _set_path(target: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    if not all(keys):
+        raise UsageError(f"--set: bad key {dotted!r}")
+    node = target
+    for key in keys[:-1]:
+        child = node.get(key)
+        if not isinstance(child, dict):
+            child = node[key] = {}
+        node = child
+    node[keys[-1]] = value
+
+
+def spec_fields(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
+    """Spec fields from config [spec] < --spec file < dedicated flags < --set < threshold."""
+    fields: dict[str, Any] = deep_merge({}, settings.spec)
+    if args.spec:
+        try:
+            loaded = json.loads(Path(args.spec).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise UsageError(f"--spec: cannot read {args.spec}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise UsageError(f"--spec: {args.spec} is not valid JSON: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise UsageError(f"--spec: {args.spec} must hold a JSON object")
+        fields = deep_merge(fields, loaded)
+    if args.dataset:
+        fields["dataset"] = args.dataset
+    if args.layers:
+        fields["layers"] = parse_layers(args.layers)
+    for name in ("objectives", "protocols", "controls"):
+        if getattr(args, name):
+            fields[name] = _csv(getattr(args, name))
+    if args.directions:
+        fields["directions"] = args.directions
+    if args.arch or args.arch_kwargs:
+        kwargs = None
+        if args.arch_kwargs:
+            kwargs = _json_value(args.arch_kwargs)
+            if not isinstance(kwargs, dict):
+                raise UsageError("--arch-kwargs must be a JSON object")
+        for side in ("front", "back"):
+            ref = fields.setdefault(side, {})
+            if not isinstance(ref, dict):
+                raise UsageError(f"spec field {side!r} must be an object")
+            if args.arch:
+                ref["arch"] = args.arch
+            if kwargs is not None:
+                ref["arch_kwargs"] = kwargs
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise UsageError(f"--set: expected KEY=VALUE, got {item!r}")
+        _set_path(fields, key.strip(), _json_value(value))
+    if settings.threshold is not None:
+        fields["threshold"] = settings.threshold
+    return fields
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    flags = {
+        key: getattr(args, key, None)
+        for key in ("url", "api_key", "retries", "threshold", "timeout")
+    }
+    return load_settings(flags, config_file=getattr(args, "config", None))
+
+
+def client_for(settings: Settings) -> Client:
+    return Client(settings.url, settings.api_key, retries=settings.retries)

@@ -1,0 +1,294 @@
+"""The spec: what a job compares and how (every default lives here)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from stitchsim.models.vocabulary import (
+    Control,
+    Cue,
+    Direction,
+    Directions,
+    Measure,
+    Objective,
+    Preprocessing,
+    Protocol,
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class LocalPath(_Strict):
+    """A file on the machine that runs the job (only for `stitchsim-server run`)."""
+
+    path: str
+
+
+class ModelRef(_Strict):
+    checkpoint: str | LocalPath = Field(
+        description='"sha256:<hex>" of an uploaded checkpoint, or {"path": ...} for local runs'
+    )
+    arch: str | None = Field(
+        default=None, description="timm architecture; else the checkpoint's __metadata__ arch"
+    )
+    arch_kwargs: dict[str, Any] | None = Field(
+        default=None, description="create_model kwargs; else the checkpoint's metadata"
+    )
+    input_size: int | None = Field(
+        default=None, ge=8, le=1024, description="square side the images are resized to"
+    )
+    preprocess: Preprocessing = Field(
+        default="auto",
+        description="auto: metadata, else measured on labelled samples; timm | none | inception "
+        "force one; explicit mean/std win over all of these",
+    )
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
+
+    @field_validator("arch")
+    @classmethod
+    def _plain_registry_name(cls, v: str | None) -> str | None:
+        # hf-hub:/local-dir: names make timm download or read arbitrary paths.
+        if v is not None and (":" in v or "/" in v or not v.strip()):
+            raise ValueError(f"arch must be a plain timm model name, got {v!r}")
+        return v
+
+    @field_validator("std")
+    @classmethod
+    def _positive_std(cls, v: tuple[float, float, float] | None) -> Any:
+        if v is not None and min(v) <= 0:
+            raise ValueError("std values must be positive")
+        return v
+
+
+class LayerPair(_Strict):
+    front: str = Field(min_length=1, max_length=200)
+    back: str = Field(min_length=1, max_length=200)
+
+
+class TrainSettings(_Strict):
+    epochs: int = Field(default=10, ge=1, le=1000)
+    batch_size: int = Field(default=128, ge=1, le=8192)
+    lr: float = Field(default=1e-3, gt=0, le=10)
+    weight_decay: float = Field(default=1e-4, ge=0, le=1)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    seeds: int = Field(
+        default=1, ge=1, le=20, description="independent runs; >1 gives CIs over seeds"
+    )
+    init_samples: int = Field(
+        default=512, ge=1, le=100_000, description="samples for the least-squares init"
+    )
+    max_train_samples: int | None = Field(default=None, ge=10)
+    max_test_samples: int | None = Field(default=None, ge=10)
+
+
+IRISchedule = Literal["cosine", "constant"]
+MAX_IRI_STEPS = 20_000  # per sample, extra rounds included
+
+
+class IRISettings(_Strict):
+    """How IRIs are synthesised (DESIGN §1): signed-gradient steps from uniform noise.
+
+    The defaults depart from DESIGN's 200 constant steps of 1/255: a cosine schedule from a
+    large step, the sign of a running sum of gradients (momentum), the best iterate kept per
+    sample, per-sample early stopping and convergence-driven extra rounds converge at every
+    stage point of the built-in sets, in less time (bench/iri_convergence.py).
+    `schedule: "constant", step_size: 1/255, momentum: 0, extra_rounds: 0, stop_below: null`
+    is the original method.
+    """
+
+    steps: int = Field(default=100, ge=1, le=10_000, description="steps of the first round")
+    step_size: float = Field(
+        default=32 / 255, gt=0, le=1,
+        description="in [0,1] pixel units: the peak step (cosine) or the fixed step (constant)",
+    )
+    momentum: float = Field(
+        default=0.9, ge=0, lt=1,
+        description="each step follows the sign of a running sum of the sample's gradients "
+        "(each scaled to unit mean magnitude), decayed by this factor per step (MI-FGSM): a "
+        "direction that holds across steps is kept through the oscillation of plain signed "
+        "steps; 0: the sign of the step's own gradient (the original method)",
+    )
+    schedule: IRISchedule = Field(
+        default="cosine",
+        description="cosine: the step falls from step_size to ~0 over each cycle, then restarts",
+    )
+    cycle_steps: int = Field(
+        default=100, ge=1, le=10_000,
+        description="length of a cosine cycle in the first round; each extra round's is "
+        "extra_round_growth times the one before",
+    )
+    extra_rounds: int = Field(
+        default=6, ge=0, le=6,
+        description="convergence-driven mode: while a batch's median distance is at or above "
+        "0.9 x converged_below, run another round of extra_round_growth times the previous "
+        "round's steps, at most this many times (0: off); the cap is the sum of the rounds "
+        "(max_steps: 700 at the defaults)",
+    )
+    extra_round_growth: int = Field(
+        default=1, ge=1, le=2,
+        description="each extra round (and its cosine cycle) is this many times as long as the "
+        "one before: 1 checks the median after every cycle of cycle_steps, so a batch stops "
+        "as soon as it is converged; 2 (the first releases) lengthens the cycles",
+    )
+    stop_below: float | None = Field(
+        default=0.02, gt=0, le=1,
+        description="per-sample early stopping: a sample whose distance falls below this stops "
+        "(and leaves the batch); null: every sample takes every step. Changes figures slightly",
+    )
+    linf: float | None = Field(
+        default=None, gt=0, le=1, description="optional L-inf bound of |x' - x|"
+    )
+    extra_rounds_stop_at_aim: bool = Field(
+        default=False,
+        description="true: in an extra round, a sample below the rounds' aim (0.9 x "
+        "converged_below) leaves the batch, at the start or when it gets there, so the rounds "
+        "step only the samples that keep the median up: fewer steps, but the IRIs end just "
+        "under the aim instead of closer. false: every live sample takes every extra step",
+    )
+    fast_kernels: bool = Field(
+        default=True,
+        description="CPU: channels-last images for convolutional fronts, and the native "
+        "kernel for the input gradient of the convolution that reads the pixels (oneDNN's is "
+        "slow for 3 input channels). The same steps; float rounding differs slightly. false: "
+        "the kernels of the first releases",
+    )
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    batch_size: int = Field(default=256, ge=1, le=8192)
+    converged_below: float = Field(
+        default=0.25, gt=0, description="median final relative distance that counts as converged"
+    )
+
+    @property
+    def max_steps(self) -> int:
+        """The most steps one sample can take: the first round and every extra round."""
+        return sum(self.steps * self.extra_round_growth**r for r in range(self.extra_rounds + 1))
+
+    @model_validator(mode="after")
+    def _bounded_cap(self) -> IRISettings:
+        if self.max_steps > MAX_IRI_STEPS:
+            raise ValueError(
+                f"the rounds (steps, then extra_rounds more, each extra_round_growth times the "
+                f"last) make {self.max_steps} steps per sample; at most {MAX_IRI_STEPS}: lower "
+                f"iri.steps or iri.extra_rounds"
+            )
+        return self
+
+
+class ControlSettings(_Strict):
+    noise_sigmas: list[float] = Field(default=[0.1, 0.3], min_length=1, max_length=10)
+    shortcut_marker: int = Field(default=4, ge=1, le=32, description="marker side in pixels")
+    cues: list[Cue] = Field(
+        default=list(get_args(Cue)), min_length=1,
+        description="unseen cues the shortcut control paints (rand_rand is the ~0 control)",
+    )
+
+    @field_validator("noise_sigmas")
+    @classmethod
+    def _nonneg(cls, v: list[float]) -> list[float]:
+        if any(s < 0 or s > 10 for s in v):
+            raise ValueError("noise sigmas must lie in [0, 10]")
+        return v
+
+
+class AdversarialSettings(_Strict):
+    """PGD L-inf in [0,1] pixel units (each model's preprocessing applies after it), as in the
+    invariance-aware paper's code: epsilon 8/255, step 2/255, 10 steps, no random start."""
+
+    epsilon: float = Field(default=8 / 255, gt=0, le=1)
+    step_size: float = Field(default=2 / 255, gt=0, le=1)
+    steps: int = Field(default=10, ge=0, le=200)
+    random_start: bool = False
+    alpha: float = Field(
+        default=0.5, ge=0, le=1,
+        description="adversarial protocol: the fraction of each stitch-training batch replaced "
+        "by PGD inputs crafted against the stitched model",
+    )
+    evaluate: bool = Field(
+        default=False,
+        description="also evaluate every row on PGD test inputs crafted against the stitched "
+        "model (robust agreement beside the clean one)",
+    )
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+
+class MeasureSettings(_Strict):
+    """How the representation similarity measures are computed."""
+
+    batch_size: int = Field(
+        default=256, ge=16, le=8192,
+        description="samples per mini-batch: CKA accumulates unbiased HSIC over them, k-NN "
+        "finds neighbours within them, so memory stays bounded on large test sets",
+    )
+    knn_k: int = Field(default=10, ge=1, le=100, description="neighbours for mutual_knn")
+    iri_split: Literal["train", "test"] = Field(
+        default="train",
+        description="whose IRIs the iri-input measures read: train reuses the IRIs the "
+        "invariance-aware protocol synthesises (no extra synthesis); test synthesises IRIs of "
+        "the test split (as the invariance-aware paper does; an extra IRI run, cached)",
+    )
+
+
+class Spec(_Strict):
+    front: ModelRef
+    back: ModelRef
+    dataset: str | LocalPath = Field(
+        default="digits", description="built-in name, uploaded dataset id, or {path} in run"
+    )
+    front_dataset: str | LocalPath | None = Field(
+        default=None,
+        description="cross_task protocol: the front model's own dataset (the back model's is "
+        "`dataset`); both need the same number of classes, paired by `class_pairing`",
+    )
+    class_pairing: list[int] | None = Field(
+        default=None, max_length=10_000,
+        description="cross_task: back-model class of each front-model class (default: by index)",
+    )
+    layers: list[LayerPair] | Literal["auto"] = "auto"
+    objectives: list[Objective] = Field(default=["slm"], min_length=1)
+    protocols: list[Protocol] = Field(default=["standard", "invariance_aware"], min_length=1)
+    directions: Directions = "both"
+    train: TrainSettings = TrainSettings()
+    iri: IRISettings = IRISettings()
+    controls: list[Control] = Field(default=[])
+    control_settings: ControlSettings = ControlSettings()
+    adversarial: AdversarialSettings = AdversarialSettings()
+    measures: list[Measure] = Field(
+        default=[],
+        description="representation similarity measures on the same activations, on real "
+        "inputs and on IRIs (opt-in: they need the back model's activations and IRIs)",
+    )
+    measure_settings: MeasureSettings = MeasureSettings()
+    threshold: float | None = Field(default=None, ge=0, le=1)
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+
+    @field_validator("layers")
+    @classmethod
+    def _some_layers(cls, v: Any) -> Any:
+        if isinstance(v, list) and not 1 <= len(v) <= 64:
+            raise ValueError("layers must hold between 1 and 64 stitch pairs, or be 'auto'")
+        return v
+
+    @field_validator("class_pairing")
+    @classmethod
+    def _a_permutation(cls, v: list[int] | None) -> list[int] | None:
+        if v is not None and sorted(v) != list(range(len(v))):
+            raise ValueError("class_pairing must list each back-model class exactly once "
+                             "(a permutation of 0..n-1)")
+        return v
+
+    @field_validator("objectives", "protocols", "controls", "measures")
+    @classmethod
+    def _unique(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("values must not repeat")
+        return v
+
+    def direction_list(self) -> list[Direction]:
+        if self.directions == "both":
+            return ["front_to_back", "back_to_front"]
+        return [self.directions]

@@ -1,0 +1,261 @@
+"""Datasets: built-in digits and its bias variants, clustered noise, and uploaded files.
+
+Every image set lives in [0,1] RGB pixel space (N, 3, H, W); each model's own preprocessing
+(resize, mean/std) is applied on the way in, so IRIs and markers are in pixel units.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors import SafetensorError, safe_open
+from stitchsim.datasets import BUILTIN
+from stitchsim.files.dataset import DATASET_TENSORS, check_dataset
+from stitchsim.files.errors import SafetensorsError
+from stitchsim.models import BUILTIN_DATASETS, LocalPath, TrainSettings
+from stitchsim_worker.engine.data.shapes import make_shapes
+from stitchsim_worker.engine.errors import SpecError
+from stitchsim_worker.engine.resources import Resources
+
+DIGITS_SIZE = 32
+SHAPES_SAMPLES = 2000
+# Bumped when a built-in generator changes, so cached IRIs of the old data are not reused.
+GENERATOR_VERSION = "1"
+_SPLIT_SEED = 0
+_TEST_FRACTION = 0.2
+
+# Ten well-separated colours (RGB in [0,1]) for class-coloured variants.
+CLASS_COLOURS = torch.tensor(
+    [
+        [0.90, 0.10, 0.10], [0.10, 0.80, 0.10], [0.15, 0.25, 0.95], [0.95, 0.85, 0.10],
+        [0.85, 0.15, 0.85], [0.10, 0.85, 0.85], [0.95, 0.55, 0.10], [0.55, 0.30, 0.10],
+        [0.60, 0.60, 0.60], [0.55, 0.95, 0.55],
+    ]
+)  # fmt: skip
+
+DESCRIPTIONS = {name: d.description for name, d in BUILTIN.items()}
+
+
+@dataclass
+class ImageSet:
+    images: torch.Tensor  # float32 (N, 3, H, W) in [0, 1]
+    labels: torch.Tensor  # int64 (N,)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def subset(self, n: int | None) -> ImageSet:
+        if n is None or n >= len(self):
+            return self
+        return ImageSet(self.images[:n], self.labels[:n])
+
+
+@dataclass
+class Dataset:
+    name: str
+    digest: str  # content identity: keys IRI caches
+    train: ImageSet
+    test: ImageSet
+    n_classes: int
+
+    @property
+    def image_size(self) -> int:
+        return int(self.train.images.shape[-1])
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "id": self.name,
+            "n_train": len(self.train),
+            "n_test": len(self.test),
+            "n_classes": self.n_classes,
+            "image_shape": list(self.train.images.shape[1:]),
+            "description": DESCRIPTIONS.get(self.name, "uploaded dataset"),
+        }
+
+
+# ---------------------------------------------------------------- built-ins
+
+
+def _digits_grey() -> tuple[torch.Tensor, torch.Tensor]:
+    from sklearn.datasets import load_digits  # bundled with scikit-learn: no download
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    x = F.interpolate(x, size=(DIGITS_SIZE, DIGITS_SIZE), mode="bilinear", align_corners=False)
+    return x.clamp(0, 1), torch.tensor(d.target, dtype=torch.int64)
+
+
+def _split(n: int, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stratified, fixed split: every class keeps the same share in train and test."""
+    g = torch.Generator().manual_seed(_SPLIT_SEED)
+    train, test = [], []
+    for c in labels.unique():
+        idx = (labels == c).nonzero().flatten()
+        idx = idx[torch.randperm(len(idx), generator=g)]
+        k = round(len(idx) * _TEST_FRACTION)
+        test.append(idx[:k])
+        train.append(idx[k:])
+    # Interleave classes so that any prefix (max_*_samples) stays balanced.
+    tr, te = torch.cat(train), torch.cat(test)
+    return tr[torch.randperm(len(tr), generator=g)], te[torch.randperm(len(te), generator=g)]
+
+
+def _colourise(grey: torch.Tensor, colours: torch.Tensor) -> torch.Tensor:
+    return grey.expand(-1, 3, -1, -1) * colours.view(-1, 3, 1, 1)
+
+
+def add_marker(images: torch.Tensor, classes: torch.Tensor, side: int = 4) -> torch.Tensor:
+    """A class-coloured side x side square in the top-left corner."""
+    out = images.clone()
+    out[:, :, :side, :side] = CLASS_COLOURS[classes % len(CLASS_COLOURS)].view(-1, 3, 1, 1)
+    return out
+
+
+def clustered_noise(
+    labels: torch.Tensor, shape: tuple[int, ...], sigma: float, centres_seed: int, noise_seed: int
+) -> torch.Tensor:
+    """clamp(c_y + sigma * N(0, I), 0, 1), one uniform centre c_k per class."""
+    n_classes = int(labels.max()) + 1
+    gc = torch.Generator().manual_seed(centres_seed)
+    centres = torch.rand((n_classes, *shape), generator=gc)
+    gn = torch.Generator().manual_seed(noise_seed)
+    noise = torch.randn((len(labels), *shape), generator=gn)
+    return (centres[labels] + sigma * noise).clamp(0, 1)
+
+
+def _variant(name: str, grey: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1)
+    n = len(labels)
+    if name == "digits":
+        return grey.expand(-1, 3, -1, -1).clone()
+    if name == "digits_correlated":
+        return _colourise(grey, CLASS_COLOURS[labels])
+    if name == "digits_digit_only":
+        return _colourise(grey, CLASS_COLOURS[torch.randint(0, 10, (n,), generator=g)])
+    if name == "digits_colour_only":
+        shapes = grey[torch.randperm(n, generator=g)]
+        return _colourise(shapes, CLASS_COLOURS[labels])
+    if name == "digits_colour_patches":
+        base = torch.rand((n, 3, DIGITS_SIZE, DIGITS_SIZE), generator=g) * 0.3
+        lo, hi = DIGITS_SIZE // 4, 3 * DIGITS_SIZE // 4
+        base[:, :, lo:hi, lo:hi] = CLASS_COLOURS[labels].view(-1, 3, 1, 1)
+        return base
+    if name == "digits_marker":
+        return add_marker(grey.expand(-1, 3, -1, -1), labels)
+    if name == "clustered_noise":
+        return clustered_noise(labels, (3, DIGITS_SIZE, DIGITS_SIZE), 0.1, 1, 2)
+    raise SpecError(f"unknown built-in dataset {name!r}")
+
+
+def builtin(name: str) -> Dataset:
+    if name not in BUILTIN_DATASETS:
+        raise SpecError(
+            f"unknown dataset {name!r}; built-ins are {', '.join(BUILTIN_DATASETS)}, or upload "
+            "one with POST /datasets",
+            code="unknown_dataset",
+        )
+    if name == "shapes":
+        images, labels = make_shapes(SHAPES_SAMPLES, seed=0)
+    else:
+        grey, labels = _digits_grey()
+        images = _variant(name, grey, labels)
+    tr, te = _split(len(labels), labels)
+    return Dataset(
+        name=name,
+        digest=f"builtin:{name}:v{GENERATOR_VERSION}",
+        train=ImageSet(images[tr].contiguous(), labels[tr]),
+        test=ImageSet(images[te].contiguous(), labels[te]),
+        n_classes=10,
+    )
+
+
+# ---------------------------------------------------------------- uploaded files
+
+def _as_pixels(x: torch.Tensor, key: str) -> torch.Tensor:
+    """[0, 1] RGB float pixels. Shapes and dtypes are the validator's (stitchsim.files.dataset);
+    here only what needs the values: floats must lie in [0, 1]."""
+    if x.dtype == torch.uint8:
+        x = x.float() / 255.0
+    else:
+        x = x.float()
+        if not torch.isfinite(x).all():
+            raise SpecError(f"{key} holds NaN or infinite values", code="invalid_dataset")
+        if x.min() < 0 or x.max() > 1:
+            raise SpecError(f"float {key} must lie in [0, 1]; scale them or store uint8",
+                            code="invalid_dataset")
+    return x.expand(-1, 3, -1, -1).contiguous() if x.shape[1] == 1 else x.contiguous()
+
+
+def _as_labels(y: torch.Tensor) -> torch.Tensor:
+    return y.long()
+
+
+def load_file(path: Path, dataset_id: str) -> Dataset:
+    """An uploaded (or, in `stitchsim-server run`, local) dataset file, checked by the one
+    dataset validator of the contract before any tensor is read."""
+    try:
+        info = check_dataset(path)
+        with safe_open(str(path), framework="pt") as f:
+            raw = {k: f.get_tensor(k) for k in DATASET_TENSORS}
+    except SafetensorsError as e:
+        raise SpecError(f"dataset file: {e.message}", code="invalid_dataset",
+                        details=e.details) from None
+    except (SafetensorError, OSError) as e:
+        raise SpecError(
+            f"dataset is not a readable safetensors file: {e}", code="invalid_dataset"
+        ) from e
+    return Dataset(
+        name=dataset_id or path.name,
+        digest=dataset_id or f"sha256:{file_sha256(path)}",
+        train=ImageSet(_as_pixels(raw["train_images"], "train_images"),
+                       _as_labels(raw["train_labels"])),
+        test=ImageSet(_as_pixels(raw["test_images"], "test_images"),
+                      _as_labels(raw["test_labels"])),
+        n_classes=info.n_classes,
+    )
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_dataset(ref: str | LocalPath, resources: Resources, train: TrainSettings) -> Dataset:
+    if isinstance(ref, str) and not ref.startswith("sha256:"):
+        ds = builtin(ref)
+    else:
+        path, dataset_id = resources.dataset(ref)
+        ds = load_file(path, dataset_id)
+    limited = Dataset(
+        name=ds.name,
+        digest=f"{ds.digest}|train{train.max_train_samples}|test{train.max_test_samples}",
+        train=ds.train.subset(train.max_train_samples),
+        test=ds.test.subset(train.max_test_samples),
+        n_classes=ds.n_classes,
+    )
+    return limited
+
+
+def save_dataset_file(path: Path, ds: Dataset) -> None:
+    """The upload format (uint8 images, int64 labels), e.g. to turn a built-in into a file."""
+    from safetensors.torch import save_file
+
+    def u8(x: torch.Tensor) -> torch.Tensor:
+        return (x * 255).round().clamp(0, 255).to(torch.uint8).contiguous()
+
+    save_file(
+        {
+            "train_images": u8(ds.train.images),
+            "train_labels": ds.train.labels.contiguous(),
+            "test_images": u8(ds.test.images),
+            "test_labels": ds.test.labels.contiguous(),
+        },
+        str(path),
+    )

@@ -1,0 +1,140 @@
+"""The spec check at submission: everything that can fail on the user's side before a worker
+spends time on the job, cheaply enough that the run need not trust it.
+
+Models are built on the meta device (no memory for parameters, no weights read: the
+checkpoint's header gives its keys and shapes), a meta forward pass gives the stitch points
+and their shapes, and uploaded datasets are read as far as their labels. The run prepares the
+job for real once; the check's work costs a fraction of a second per model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from stitchsim.models import Spec
+from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
+from stitchsim_worker.engine.device import pick_device
+from stitchsim_worker.engine.errors import SpecError
+from stitchsim_worker.engine.job.context import EVAL_BATCH
+from stitchsim_worker.engine.job.costs import Sizes, size_factor
+from stitchsim_worker.engine.job.plan import job_plan, what_to_shrink
+from stitchsim_worker.engine.job.prepare import (
+    check_classes,
+    check_protocols,
+    pair_points_of,
+)
+from stitchsim_worker.engine.models.loading import LoadedModel, meta_model
+from stitchsim_worker.engine.models.network import EXAMPLE_BATCH, Network
+from stitchsim_worker.engine.resources import Resources
+
+META = torch.device("meta")
+FLOAT_BYTES = 4
+
+
+@dataclass(frozen=True)
+class Checked:
+    """What the check counted for a spec that can run: its cost before it is queued."""
+
+    units: int
+    """The job's budget: its progress plan's batches (IRIs at their cap), each counted at the
+    models' size (costs.size_factor)."""
+    expected_units: int
+    """The units it is expected to take (IRIs at their expected share of the cap)."""
+    activation_bytes: int
+    """One batch's activation at the largest module output of either model."""
+    size_factor: float = 1.0
+    """Budget units a batch of this job counts (costs.size_factor)."""
+
+
+def _check_size(model: LoadedModel, where: str, limit: int | None) -> None:
+    """Counted on the meta device, so a spec asking for a billion-class head costs nothing to
+    refuse."""
+    n = sum(p.numel() for p in model.net.parameters())
+    if limit is not None and n > limit:
+        raise SpecError(f"{where}: {model.arch} with arch_kwargs {model.arch_kwargs} has {n:,} "
+                        f"parameters, more than the {limit:,} this service builds "
+                        "(STITCHSIM_MAX_MODEL_PARAMS); use a smaller architecture or smaller "
+                        "arch_kwargs (num_classes, embed_dim, depth ...)",
+                        code="model_too_large", details={"parameters": n, "limit": limit})
+
+
+def _network(spec: Spec, where: str, resources: Resources, data: Dataset) -> Network:
+    ref = getattr(spec, where)
+    path, _ = resources.checkpoint(ref.checkpoint)
+    model: LoadedModel = meta_model(ref, path, where=where, native_size=data.image_size)
+    _check_size(model, where, resources.max_model_params)
+    check_classes(model, data, where)
+    return Network(model, data.image_size, META, where)
+
+
+def check_spec(spec: Spec, *, resources: Resources) -> Checked:
+    """Raises SpecError with what to fix; returns the job's cost when it can be prepared."""
+    pick_device(spec.device)  # checks workers run beside the job workers, on hosts alike
+    data = load_dataset(spec.dataset, resources, spec.train)
+    front_data = None
+    if spec.front_dataset is not None:  # cross-task pairing: the front model's own task
+        front_data = load_dataset(spec.front_dataset, resources, spec.train)
+    check_protocols(spec, data, front_data)
+    front = _network(spec, "front", resources, front_data or data)
+    back = _network(spec, "back", resources, data)
+    activation = _check_activations(spec, (front, back), resources.max_activation_bytes)
+    pairs = pair_points_of(spec, front, back)
+    if not pairs:
+        raise SpecError("no stitch points could be paired between the two models",
+                        code="unknown_layer")
+    factor = size_factor(front.flops, back.flops)
+    units, expected = _check_budget(spec, Sizes(len(data.train), len(data.test), len(pairs)),
+                                    factor, resources.max_job_units)
+    return Checked(units=units, expected_units=expected, activation_bytes=activation,
+                   size_factor=factor)
+
+
+def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | None) -> int:
+    """One batch's activation at the largest module output, from the meta forward's shapes:
+    a spec asking for huge inputs (input_size, img_size) or feature maps is refused before
+    any worker allocates a batch of them."""
+    batch = max(EVAL_BATCH, spec.train.batch_size,
+                spec.iri.batch_size if "invariance_aware" in spec.protocols else 0)
+    worst, where = 0, ""
+    for net in nets:
+        for name, t in net.traces.items():
+            per_sample = math.prod(t.shape) * max(1, t.batch // EXAMPLE_BATCH)
+            if per_sample > worst:
+                worst, where = per_sample, f"{net.where} {name}"
+    need = worst * batch * FLOAT_BYTES
+    if limit is not None and need > limit:
+        raise SpecError(
+            f"a batch of {batch} at {where} ({worst:,} values a sample) needs {need:,} bytes "
+            f"of activation memory, more than the {limit:,} this service allows "
+            "(STITCHSIM_MAX_ACTIVATION_BYTES); use smaller inputs (input_size, img_size) or "
+            "smaller batch sizes (train.batch_size, iri.batch_size)",
+            code="job_too_large",
+            details={"activation_bytes": need, "limit": limit, "batch": batch,
+                     "at": where, "shrink": ["input_size / arch_kwargs.img_size",
+                                             "train.batch_size", "iri.batch_size"]})
+    return need
+
+
+def _check_budget(spec: Spec, sizes: Sizes, factor: float, limit: int | None
+                  ) -> tuple[int, int]:
+    """The job's work in budget units (its progress plan's batches at the models' size factor),
+    and the units it is expected to take, against the per-job limit."""
+    plan = job_plan(spec, sizes)
+    units, expected = round(plan.units * factor), round(plan.expected * factor)
+    if limit is None or units <= limit:
+        return units, expected
+    shrink = what_to_shrink(spec, sizes)
+    if factor > 1:
+        shrink.insert(0, f"the models (x{factor:.3g} the compute a sample of a resnet18 on "
+                         "32x32 inputs: a smaller architecture or input_size)")
+    raise SpecError(
+        f"the job would take {units:,} work units (about one batch through a network part of "
+        f"a resnet18 on 32x32 inputs each), more than the {limit:,} this service allows per "
+        f"job (STITCHSIM_MAX_JOB_UNITS); shrink "
+        f"{', '.join(shrink[:4]) or 'the dataset or the stitch points'}",
+        code="job_too_large",
+        details={"units": units, "expected_units": expected, "limit": limit,
+                 "shrink": shrink, "size_factor": round(factor, 3), "batches": plan.units,
+                 "n_train": sizes.train, "n_test": sizes.test, "stitch_pairs": sizes.pairs})

@@ -1,0 +1,128 @@
+"""What the parts of one running job share: the spec, the prepared models and data, the banks
+of fixed tensors, the IRI cache and progress. Protocols, objectives and controls receive it
+instead of long argument lists."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from stitchsim.models import Direction, Spec
+from stitchsim_worker.engine.errors import JobCancelled
+from stitchsim_worker.engine.iri.cache import IRICache
+from stitchsim_worker.engine.job.prepare import Prepared
+from stitchsim_worker.engine.job.progress import Tracker
+from stitchsim_worker.engine.models.network import Network
+from stitchsim_worker.engine.resources import Resources
+from stitchsim_worker.engine.stitching.bank import Bank, BankBuilder
+
+EVAL_BATCH = 256
+
+
+@dataclass(frozen=True)
+class Cut:
+    """One stitch f<=i -> T -> g>j in one direction; `pair` is the (front model point, back
+    model point) the report names it by."""
+
+    direction: Direction
+    pair: tuple[str, str]
+    f: Network
+    i: str
+    g: Network
+    j: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.direction} {self.i}->{self.j}"
+
+
+@dataclass
+class JobContext:
+    spec: Spec
+    prep: Prepared
+    device: torch.device
+    tracker: Tracker
+    banks: BankBuilder
+    iri_cache: IRICache
+    train_pixels: Bank = field(init=False)
+    test_pixels: Bank = field(init=False)
+    test_logits: dict[str, Bank] = field(init=False)  # each model on the test split
+    # Each model's own task (they differ only in cross-task pairing): its train and test
+    # pixels, and its logits on its own test split (its accuracy).
+    own_pixels: dict[str, tuple[Bank, Bank]] = field(init=False)
+    own_test_logits: dict[str, Bank] = field(init=False)
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def open(
+        cls, spec: Spec, prep: Prepared, resources: Resources, tracker: Tracker,
+        device: torch.device,
+    ) -> JobContext:
+        ctx = cls(spec, prep, device, tracker,
+                  BankBuilder(resources.memory_budget_bytes, resources.cache_dir),
+                  IRICache(resources.cache_dir))
+        ctx.train_pixels = ctx.bank(prep.data.train.images)
+        ctx.test_pixels = ctx.bank(prep.data.test.images)
+        ctx.test_logits = {net.where: ctx._logits(net, ctx.test_pixels)
+                           for net in (prep.front, prep.back)}
+        ctx.own_pixels = {w: (ctx.train_pixels, ctx.test_pixels) for w in ("front", "back")}
+        ctx.own_test_logits = dict(ctx.test_logits)
+        if prep.front_data is not None:
+            own = prep.front_data
+            ctx.own_pixels["front"] = (ctx.bank(own.train.images), ctx.bank(own.test.images))
+            ctx.own_test_logits["front"] = ctx._logits(prep.front, ctx.own_pixels["front"][1])
+        return ctx
+
+    def _logits(self, net: Network, pixels: Bank) -> Bank:
+        return self.compute(pixels, lambda x: (net.logits(x),), self.spec.train.batch_size)[0]
+
+    def close(self) -> None:
+        self.banks.close()
+
+    # ---- banks
+
+    def bank(self, tensor: torch.Tensor) -> Bank:
+        bank = self.banks.new(len(tensor), tuple(tensor.shape[1:]))
+        bank.write(0, tensor)
+        return bank
+
+    def compute(
+        self, pixels: Bank, fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]],
+        batch_size: int = EVAL_BATCH,
+    ) -> list[Bank]:
+        """fn over every sample of `pixels`, batch by batch, each output into its own bank."""
+
+        def batch(sl: slice) -> tuple[torch.Tensor, ...]:
+            self.check_cancel()
+            return fn(pixels[sl].to(self.device))
+
+        return self.banks.compute(pixels.n, batch_size, batch, self.tracker.step)
+
+    # ---- the stitches
+
+    def networks(self, direction: Direction) -> tuple[Network, Network]:
+        """(front part's model, back part's model) in this direction."""
+        if direction == "front_to_back":
+            return self.prep.front, self.prep.back
+        return self.prep.back, self.prep.front
+
+    def cuts(self, direction: Direction) -> Iterator[Cut]:
+        f, g = self.networks(direction)
+        for pair in self.prep.pairs:
+            i, j = pair if direction == "front_to_back" else (pair[1], pair[0])
+            yield Cut(direction, pair, f, i, g, j)
+
+    def self_cuts(self, direction: Direction) -> Iterator[Cut]:
+        """The back model stitched into itself at each of its points (controls)."""
+        _, g = self.networks(direction)
+        for pair in self.prep.pairs:
+            j = pair[1] if direction == "front_to_back" else pair[0]
+            yield Cut(direction, pair, g, j, g, j)
+
+    def identity(self, net: Network) -> dict[str, object]:
+        return self.prep.ids[net.where]
+
+    def check_cancel(self) -> None:
+        if self.tracker.should_cancel():
+            raise JobCancelled()

@@ -1,0 +1,132 @@
+"""Preparing a job: the dataset, both models (with their preprocessing chosen), the stitch
+pairs. Everything here can fail on a user's mistake, with a SpecError that says what to fix."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from stitchsim.models import ModelRef, Spec
+from stitchsim_worker.engine.data.datasets import Dataset, file_sha256, load_dataset
+from stitchsim_worker.engine.errors import JobCancelled, SpecError
+from stitchsim_worker.engine.models.loading import LoadedModel, build_model
+from stitchsim_worker.engine.models.network import Network, pair_points
+from stitchsim_worker.engine.models.preprocess import measure
+from stitchsim_worker.engine.resources import CancelFn, Resources
+
+
+@dataclass
+class Prepared:
+    data: Dataset  # the comparison's dataset (in cross-task pairing: the back model's task)
+    front: Network
+    back: Network
+    pairs: list[tuple[str, str]]  # (front model point, back model point)
+    ids: dict[str, dict[str, object]]  # per model: what identifies it (keys IRI caches)
+    front_data: Dataset | None = None  # cross_task: the front model's own task
+    pairing: torch.Tensor | None = None  # cross_task: back-model class of each front class
+
+    def data_of(self, net: Network) -> Dataset:
+        """The dataset a model was trained for (its own task in cross-task pairing)."""
+        if net.where == "front" and self.front_data is not None:
+            return self.front_data
+        return self.data
+
+    def classes_into(self, g: Network) -> torch.Tensor:
+        """Maps the other model's classes to g's (cross_task): the pairing, or its inverse."""
+        assert self.pairing is not None, "only cross-task jobs pair classes"
+        if g.where == "back":
+            return self.pairing
+        return torch.argsort(self.pairing)
+
+
+def _model(
+    ref: ModelRef, where: str, resources: Resources, data: Dataset, device: torch.device
+) -> tuple[LoadedModel, str]:
+    path, ckpt_id = resources.checkpoint(ref.checkpoint)
+    model = build_model(ref, path, ckpt_id, where=where, native_size=data.image_size)
+    check_classes(model, data, where)
+    model.net.to(device)
+    model.choice = measure(model.choice, model.net, data.train.images, data.train.labels, device)
+    return model, ckpt_id or f"sha256:{file_sha256(path)}"
+
+
+def check_protocols(spec: Spec, data: Dataset, front_data: Dataset | None) -> None:
+    """What the protocols need of the spec beyond its own validation."""
+    cross = "cross_task" in spec.protocols
+    if cross and front_data is None:
+        raise SpecError("the cross_task protocol needs front_dataset: the front model's own "
+                        "dataset (the back model's is `dataset`)")
+    if not cross and front_data is not None:
+        raise SpecError("front_dataset is only read by the cross_task protocol; add "
+                        "\"cross_task\" to protocols or drop front_dataset")
+    if not cross:
+        return
+    assert front_data is not None
+    if spec.objectives != ["hlm"]:
+        raise SpecError("cross_task stitches models of different tasks, so no back-model output "
+                        "exists for the front model's inputs: it trains with hard labels only; "
+                        'set objectives to ["hlm"]')
+    if front_data.n_classes != data.n_classes:
+        raise SpecError(f"cross_task pairs classes one to one, but front_dataset has "
+                        f"{front_data.n_classes} classes and dataset {data.n_classes}",
+                        code="class_mismatch")
+    if spec.class_pairing is not None and len(spec.class_pairing) != data.n_classes:
+        raise SpecError(f"class_pairing lists {len(spec.class_pairing)} classes; both datasets "
+                        f"have {data.n_classes}")
+
+
+def check_classes(model: LoadedModel, data: Dataset, where: str) -> None:
+    if model.num_classes < data.n_classes:
+        raise SpecError(
+            f"{where}: the model has {model.num_classes} outputs but the dataset has "
+            f"{data.n_classes} classes",
+            code="class_mismatch",
+        )
+
+
+def _identity(model: LoadedModel, checkpoint: str) -> dict[str, object]:
+    pre = model.preprocess
+    return {
+        "checkpoint": checkpoint,
+        "arch": model.arch,
+        "arch_kwargs": model.arch_kwargs,
+        "preprocess": [pre.input_size, pre.mean, pre.std],
+    }
+
+
+def pair_points_of(spec: Spec, front: Network, back: Network) -> list[tuple[str, str]]:
+    if spec.layers == "auto":
+        return pair_points(front.auto_points(), back.auto_points())
+    for pair in spec.layers:
+        front.check_point(pair.front)
+        back.check_point(pair.back)
+    return [(p.front, p.back) for p in spec.layers]
+
+
+def prepare(
+    spec: Spec, resources: Resources, device: torch.device,
+    should_cancel: CancelFn | None = None,
+) -> Prepared:
+    def check_cancel() -> None:  # loading a large model or dataset takes a while
+        if should_cancel is not None and should_cancel():
+            raise JobCancelled()
+
+    data = load_dataset(spec.dataset, resources, spec.train)
+    front_data = None
+    if spec.front_dataset is not None:
+        front_data = load_dataset(spec.front_dataset, resources, spec.train)
+    check_protocols(spec, data, front_data)
+    own = {"front": front_data or data, "back": data}
+    networks, ids = {}, {}
+    for where in ("front", "back"):
+        check_cancel()
+        model, ckpt = _model(getattr(spec, where), where, resources, own[where], device)
+        networks[where] = Network(model, own[where].image_size, device, where)
+        ids[where] = _identity(model, ckpt)
+    check_cancel()
+    front, back = networks["front"], networks["back"]
+    pairing = None
+    if front_data is not None:
+        pairing = torch.tensor(spec.class_pairing or list(range(data.n_classes)))
+    return Prepared(data, front, back, pair_points_of(spec, front, back), ids, front_data,
+                    pairing)

@@ -1,0 +1,214 @@
+"""The measures in a job: on the activations the stitching computed, with their controls
+and their cost in the progress plan."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from stitchsim.models import (
+    Control,
+    MeasureInput,
+    MeasureRow,
+    Protocol,
+    Spec,
+)
+from stitchsim_worker.engine.data.datasets import clustered_noise
+from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.job.costs import Sizes, passes
+from stitchsim_worker.engine.job.progress import Units
+from stitchsim_worker.engine.measures.similarity import (
+    MEASURES,
+    Batching,
+    Estimate,
+    Source,
+    batching,
+    estimate,
+    prepare,
+)
+from stitchsim_worker.engine.protocols import PROTOCOLS
+from stitchsim_worker.engine.protocols.invariance_aware import iri_units
+from stitchsim_worker.engine.stitching.activations import InputSet, Split
+from stitchsim_worker.engine.stitching.bank import Bank
+
+_NOISE_CENTRES_SEED_OFFSET = 7  # the clustered-noise control's centres (controls.py)
+_NOISE_SEED = 13
+
+
+@dataclass(frozen=True)
+class Views:
+    """Both models' activations on one set of inputs, paired by sample."""
+
+    front: Source  # f<=i (the model in front position)
+    back: Source  # g_j
+    labels: torch.Tensor
+    split: str  # "train" | "test"
+
+
+class _Prepared:
+    """Each representation of one cut prepared once per measure (its kernel, its
+    neighbours), then compared with as many others as the rows and controls need."""
+
+    def __init__(self, ctx: JobContext, plans: dict[int, Batching]):
+        self.ctx, self.plans = ctx, plans
+        self._done: dict[tuple[str, int], tuple[Source, list[Any]]] = {}
+
+    def plan(self, n: int) -> Batching:
+        if n not in self.plans:
+            settings = self.ctx.spec.measure_settings
+            self.plans[n] = batching(n, settings.batch_size, self.ctx.spec.train.seed,
+                                     self.ctx.device)
+        return self.plans[n]
+
+    def of(self, name: str, x: Source) -> list[Any]:
+        key = (name, id(x))  # the source is kept with its entry, so its id stays unique
+        if key not in self._done:
+            prepared = prepare(MEASURES[name], x, self.plan(len(x)),
+                               self.ctx.spec.measure_settings, self.ctx.device,
+                               self.ctx.tracker.counter("measure"))
+            self._done[key] = (x, prepared)
+        return self._done[key][1]
+
+    def estimate(self, name: str, x: Source, y: Source) -> tuple[Estimate, float]:
+        t0 = time.perf_counter()
+        self.ctx.check_cancel()
+        est = estimate(MEASURES[name], self.of(name, x), self.of(name, y),
+                       self.ctx.spec.measure_settings)
+        return est, time.perf_counter() - t0
+
+
+@dataclass
+class MeasureRun:
+    """Collects a job's measure rows stitch pair by stitch pair, reusing what the stitching
+    computed; real-input values are symmetric, so they are computed once per pair."""
+
+    rows: list[MeasureRow] = field(default_factory=list)
+    controls: list[MeasureRow] = field(default_factory=list)
+    _test_acts: dict[tuple[str, str], Bank] = field(default_factory=dict)
+    _real: dict[tuple[tuple[str, str], str], tuple[Estimate, float]] = field(
+        default_factory=dict)
+    _plans: dict[int, Batching] = field(default_factory=dict)
+
+    def add(self, ctx: JobContext, cut: Cut, test: Split, made: dict[Protocol, Split]) -> None:
+        """The measures of one cut: on real test inputs and on the front model's IRIs, with
+        the ceiling and the floor."""
+        if not ctx.spec.measures:
+            return
+        # The stage covers g_j's pass over the test split; IRIs made here have their own.
+        ctx.tracker.enter(f"measures {cut.label}")
+        real = self._real_views(ctx, cut, test)
+        iri = self._iri_views(ctx, cut, made)
+        ctx.tracker.enter(f"measures {cut.label}")
+        prepared = _Prepared(ctx, self._plans)
+        noise = _noise(ctx, cut, (real, iri))
+        for name in ctx.spec.measures:
+            # Both measures are symmetric, and the real samples are the same in both
+            # directions: the second direction reuses the first one's figure.
+            key = (cut.pair, name)
+            if key not in self._real:
+                self._real[key] = prepared.estimate(name, real.front, real.back)
+            self.rows.append(_row(cut, name, "real", real, *self._real[key]))
+            self.rows.append(_row(cut, name, "iri", iri,
+                                  *prepared.estimate(name, iri.front, iri.back)))
+            self.controls += _control_rows(prepared, cut, name, real, iri, noise)
+
+    def _test_activation(self, where: str, point: str, compute: Callable[[], Bank]) -> Bank:
+        key = (where, point)
+        if key not in self._test_acts:
+            self._test_acts[key] = compute()
+        return self._test_acts[key]
+
+    def _real_views(self, ctx: JobContext, cut: Cut, test: Split) -> Views:
+        front = self._test_activation(cut.f.where, cut.i, lambda: test.inputs)
+
+        def back_pass() -> Bank:
+            _, feat = ctx.compute(ctx.test_pixels, lambda x: (*cut.g.probe([cut.j])(x),))
+            return feat
+
+        back = self._test_activation(cut.g.where, cut.j, back_pass)
+        return Views(front, back, ctx.prep.data.test.labels, "test")
+
+    def _iri_views(self, ctx: JobContext, cut: Cut, made: dict[Protocol, Split]) -> Views:
+        settings, data = ctx.spec.measure_settings, ctx.prep.data
+        split = made.get("invariance_aware")
+        if settings.iri_split == "test":
+            inputs = InputSet(ctx.test_pixels, data.test.labels, f"{data.digest}|test-split")
+            split, _ = PROTOCOLS["invariance_aware"].train_split(ctx, cut, inputs, [cut.j])
+        elif split is None:  # no invariance-aware stitching: the same IRIs it would make
+            inputs = InputSet(ctx.train_pixels, data.train.labels, data.digest)
+            split, _ = PROTOCOLS["invariance_aware"].train_split(ctx, cut, inputs, [cut.j])
+        # As many IRIs as real test samples, so both kinds of input are cut into batches of
+        # the same size (k-NN's chance level is k / (batch - 1)) and cost the same.
+        pick = _subset(len(split), ctx.test_pixels.n, ctx.spec.train.seed)
+        return Views(split.inputs[pick], split.back_feats[0][pick], split.labels[pick],
+                     settings.iri_split)
+
+
+def _subset(n: int, size: int, seed: int) -> torch.Tensor:
+    """A seeded choice of min(n, size) of n samples, in order."""
+    if n <= size:
+        return torch.arange(n)
+    return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:size].sort().values
+
+
+def _row(cut: Cut, name: str, kind: MeasureInput, views: Views, est: Estimate,
+         seconds: float, control: Control | None = None,
+         sigma: float | None = None) -> MeasureRow:
+    return MeasureRow(
+        direction=cut.direction, front_layer=cut.pair[0], back_layer=cut.pair[1],
+        measure=name, input=kind, value=est.value, ci=est.ci,  # type: ignore[arg-type]
+        samples=len(views.front), split=views.split,  # type: ignore[arg-type]
+        control=control, sigma=sigma, seconds=seconds,
+    )
+
+
+def _noise(ctx: JobContext, cut: Cut, views: tuple[Views, Views]
+           ) -> dict[tuple[int, float], torch.Tensor]:
+    """Class-clustered noise of the end model's stitch point shape, per input kind and sigma,
+    labelled like the samples it stands beside (shared by every measure of the cut)."""
+    spec, shape = ctx.spec, cut.g.shapes[cut.j]
+    centres = spec.train.seed + _NOISE_CENTRES_SEED_OFFSET
+    return {
+        (k, sigma): clustered_noise(v.labels, shape, sigma, centres, _NOISE_SEED)
+        for k, v in enumerate(views) for sigma in spec.control_settings.noise_sigmas
+    }
+
+
+def _control_rows(prepared: _Prepared, cut: Cut, name: str, real: Views, iri: Views,
+                  noise: dict[tuple[int, float], torch.Tensor]) -> list[MeasureRow]:
+    """Ceiling: the end model with itself on real inputs (1 by definition: a check of the
+    implementation). Floor: the end model against class-clustered noise of its stitch
+    point's shape, labels paired by sample: what class clusters alone score."""
+    rows = [_row(cut, name, "real", real, *prepared.estimate(name, real.back, real.back),
+                 control="identity")]
+    for (k, sigma), z in noise.items():
+        kind, views = (("real", real), ("iri", iri))[k]
+        rows.append(_row(cut, name, kind, views,  # type: ignore[arg-type]
+                         *prepared.estimate(name, views.back, z),
+                         control="clustered_noise", sigma=sigma))
+    return rows
+
+
+def measure_units(spec: Spec, sizes: Sizes, directions: int) -> Units:
+    """Work units the measures add to a job (MeasureRun.add at every cut)."""
+    if not spec.measures:
+        return Units()
+    settings = spec.measure_settings
+    n_iri = sizes.train if settings.iri_split == "train" else sizes.test
+    real = passes(sizes.test, settings.batch_size)
+    iri = passes(min(n_iri, sizes.test), settings.batch_size)  # as many IRIs as test samples
+    floor = len(spec.control_settings.noise_sigmas) * (real + iri)
+    # Per measure, one unit per mini-batch of each representation prepared: both models on
+    # real inputs and on IRIs, and the floor's noise beside each; the second direction reuses
+    # the real figure, so it prepares the real inputs of the end model only.
+    first, again = 2 * real + 2 * iri + floor, real + 2 * iri + floor
+    per_pair = Units(measure=len(spec.measures) * (first + again * (directions - 1)),
+                     forward=passes(sizes.test, EVAL_BATCH))  # g_j, kept for both directions
+    units = per_pair * sizes.pairs
+    if settings.iri_split == "test" or "invariance_aware" not in spec.protocols:
+        own_iris = Units(forward=2 * passes(n_iri, EVAL_BATCH), iri=iri_units(spec, n_iri))
+        units += own_iris * (directions * sizes.pairs)
+    return units

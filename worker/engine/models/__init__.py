@@ -1,0 +1,2 @@
+"""Models: loading checkpoints, preprocessing, cutting a network at stitch points, the
+built-in reference models."""

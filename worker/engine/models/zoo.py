@@ -1,0 +1,72 @@
+"""Small reference models trained on built-in data: demos, tests and benchmarks use them, since
+nothing may download weights."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+import torch.nn.functional as F
+from stitchsim_worker.engine.data.datasets import builtin
+from stitchsim_worker.engine.models.loading import save_checkpoint
+
+# (model on pixels, pixels, labels) -> pixels to train on
+Perturb = Callable[[Callable[[torch.Tensor], torch.Tensor], torch.Tensor, torch.Tensor],
+                   torch.Tensor]
+
+
+def train_classifier(
+    arch: str,
+    dataset: str = "digits",
+    *,
+    arch_kwargs: dict[str, Any] | None = None,
+    epochs: int = 8,
+    seed: int = 0,
+    lr: float = 3e-3,
+    batch_size: int = 64,
+    perturb: Perturb | None = None,
+) -> tuple[torch.nn.Module, float]:
+    """Train from scratch on a built-in set; returns the model (eval mode) and test accuracy.
+    `perturb` replaces each training batch (in pixels) before the step: adversarial training."""
+    kwargs = {"num_classes": 10, **(arch_kwargs or {})}
+    torch.manual_seed(seed)
+    net = timm.create_model(arch, pretrained=False, **kwargs)
+    ds = builtin(dataset)
+    cfg = timm.data.resolve_data_config({}, model=net)
+    mean = torch.tensor(cfg["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(cfg["std"]).view(1, 3, 1, 1)
+    pixels, y = ds.train.images, ds.train.labels
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
+    steps = epochs * ((len(y) + batch_size - 1) // batch_size)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
+    g = torch.Generator().manual_seed(seed)
+    net.train()
+    for _ in range(epochs):
+        for idx in torch.randperm(len(y), generator=g).split(batch_size):
+            batch = pixels[idx]
+            if perturb is not None:
+                batch = perturb(lambda p: net((p - mean) / std), batch, y[idx])
+            loss = F.cross_entropy(net((batch - mean) / std), y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+    net.eval()
+    with torch.no_grad():
+        pred = net((ds.test.images - mean) / std).argmax(-1)
+    return net, float((pred == ds.test.labels).float().mean())
+
+
+def make_checkpoint(path: Path, arch: str, dataset: str = "digits", **kwargs: Any) -> float:
+    """Train and save as a user would upload it: safetensors with arch metadata."""
+    arch_kwargs = {"num_classes": 10, **kwargs.pop("arch_kwargs", {})}
+    net, acc = train_classifier(arch, dataset, arch_kwargs=arch_kwargs, **kwargs)
+    save_checkpoint(net, path, arch, arch_kwargs)
+    path.with_suffix(".json").write_text(
+        json.dumps({"arch": arch, "dataset": dataset, "test_accuracy": acc})
+    )
+    return acc

@@ -1,0 +1,18 @@
+"""The protocols, the controls and the attacks they use: what the stitch is trained on.
+
+Each protocol module registers its entry on import; importing this package registers them all.
+"""
+
+# isort: off
+# Registration order is the contract's order (reports list protocols in it).
+from stitchsim_worker.engine.protocols import standard, invariance_aware, adversarial, cross_task
+# isort: on
+from stitchsim_worker.engine.protocols.entry import (
+    PROTOCOLS,
+    ProtocolEntry,
+    register_protocol,
+    stitched,
+)
+
+__all__ = ["PROTOCOLS", "ProtocolEntry", "register_protocol", "stitched", "adversarial",
+           "cross_task", "invariance_aware", "standard"]

@@ -1,0 +1,179 @@
+"""The controls (DESIGN §1), one registered entry each: reference runs that say how to read a
+comparison's figures (a ceiling, a floor, a shortcut probe). Each runs per direction and
+returns rows shaped like the comparison's, with a `control` key. Adding one is one
+`register_control` call plus its name in the contract's `Control`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from stitchsim.models import Control, Direction, ResultRow, Spec
+from stitchsim_worker.engine.data.datasets import clustered_noise
+from stitchsim_worker.engine.job.context import EVAL_BATCH, JobContext
+from stitchsim_worker.engine.job.costs import Sizes, fit_units, passes, rows_units, test_split_units
+from stitchsim_worker.engine.job.progress import Units
+from stitchsim_worker.engine.protocols.cues import CUES
+from stitchsim_worker.engine.registry import Registry
+from stitchsim_worker.engine.stitching.activations import (
+    InputSet,
+    images_split,
+    test_split,
+    train_split,
+)
+from stitchsim_worker.engine.stitching.activations import with_inputs as split_with_inputs
+from stitchsim_worker.engine.stitching.fitting import (
+    alignment_points,
+    fit,
+    make_row,
+    protocol_rows,
+    training_inputs,
+)
+
+
+@dataclass(frozen=True)
+class ControlEntry:
+    name: Control
+    label: str
+    description: str
+    run: Callable[[JobContext, Direction], list[ResultRow]]
+    cost: Callable[[Spec, Sizes], Units]
+    """Its work units in one direction, for the progress plan (costs.py)."""
+
+
+CONTROLS: Registry[ControlEntry] = Registry("control")
+register_control = CONTROLS.register
+
+
+def controls_to_run(spec: Spec) -> list[str]:
+    """The spec's controls; cross-task pairing is only readable against the clustered-noise
+    floor, so that one runs whenever cross_task does."""
+    controls = list(spec.controls)
+    if "cross_task" in spec.protocols and "clustered_noise" not in controls:
+        controls.append("clustered_noise")
+    return controls
+
+
+# ---------------------------------------------------------------- clustered noise: the floor
+
+_NOISE_CENTRES_SEED_OFFSET = 7
+_NOISE_TRAIN_SEED, _NOISE_TEST_SEED = 11, 12
+
+
+def _clustered_noise(ctx: JobContext, direction: Direction) -> list[ResultRow]:
+    """Class-clustered noise of the back stitch point's shape, through T into g>j, trained
+    towards g's processing of the real inputs of the same class index: how much accuracy a
+    representation with no information but clusters already reaches."""
+    data, spec = ctx.prep.data, ctx.spec
+    centres_seed = spec.train.seed + _NOISE_CENTRES_SEED_OFFSET
+    rows = []
+    for cut in ctx.self_cuts(direction):
+        ctx.tracker.enter(f"control clustered_noise {cut.g.where} {cut.j}")
+        real_train = train_split(ctx, cut, ctx.train_pixels, data.train.labels,
+                                 alignment_points(ctx, cut))
+        real_test = test_split(ctx, cut)
+        shape = cut.g.shapes[cut.j]
+        for sigma in spec.control_settings.noise_sigmas:
+            train, test = (
+                split_with_inputs(real, ctx.bank(
+                    clustered_noise(real.labels, shape, sigma, centres_seed, noise_seed)))
+                for real, noise_seed in ((real_train, _NOISE_TRAIN_SEED),
+                                         (real_test, _NOISE_TEST_SEED))
+            )
+            for objective in spec.objectives:
+                result = fit(ctx, cut, objective, train, [test])
+                result.stitch = "clustered noise -> " + result.stitch
+                rows.append(make_row(ctx, cut, objective, "standard", result.on(0), test,
+                                     result, control="clustered_noise", sigma=sigma))
+    return rows
+
+
+def _clustered_noise_cost(spec: Spec, sizes: Sizes) -> Units:
+    real = Units(forward=2 * passes(sizes.train, EVAL_BATCH)) + test_split_units(sizes)
+    per_sigma = fit_units(spec, sizes.train, [sizes.test])
+    return (real + per_sigma * len(spec.control_settings.noise_sigmas)) * sizes.pairs
+
+
+register_control(ControlEntry(
+    name="clustered_noise", label="clustered noise (floor)",
+    description="one noise centre per class fed through T into the back model: the accuracy a "
+    "representation with nothing but class clusters reaches, the floor for standard scores",
+    run=_clustered_noise, cost=_clustered_noise_cost,
+))
+
+
+# ---------------------------------------------------------------- identity: the ceiling
+
+
+def _identity(ctx: JobContext, direction: Direction) -> list[ResultRow]:
+    rows = []
+    for cut in ctx.self_cuts(direction):
+        ctx.tracker.enter(f"control identity {cut.g.where} {cut.j}")
+        (found,) = protocol_rows(ctx, cut, training_inputs(ctx), [test_split(ctx, cut)],
+                                 control="identity")
+        rows += found
+    return rows
+
+
+def _identity_cost(spec: Spec, sizes: Sizes) -> Units:
+    per_cut = test_split_units(sizes) + rows_units(spec, sizes, sizes.train, [sizes.test],
+                                                   control=True)
+    return per_cut * sizes.pairs
+
+
+register_control(ControlEntry(
+    name="identity", label="identity (ceiling)",
+    description="the back model stitched into itself at the same point: agreement near 1 is "
+    "the ceiling, and a sanity check of the stitch",
+    run=_identity, cost=_identity_cost,
+))
+
+
+# ---------------------------------------------------------------- shortcut: the unseen-cue suite
+
+_CUE_SEED_OFFSET = 101
+
+
+def _shortcut(ctx: JobContext, direction: Direction) -> list[ResultRow]:
+    """Each unseen cue painted onto the stitch-training inputs; at test time the right cues
+    versus cues rolled by one class. Agreement that follows the cue is excessive agreement."""
+    data, settings = ctx.prep.data, ctx.spec.control_settings
+    k, side = data.n_classes, settings.shortcut_marker
+    rows = []
+    for name in settings.cues:
+        cue = CUES[name]
+        seed = ctx.spec.train.seed + _CUE_SEED_OFFSET
+        g = torch.Generator().manual_seed(seed)
+        train_x = cue.mark(data.train.images, data.train.labels, k, side, g)
+        right_x = cue.mark(data.test.images, data.test.labels, k, side, g)
+        rolled_x = cue.mark(data.test.images, (data.test.labels + 1) % k, k, side, g)
+        inputs = InputSet(ctx.bank(train_x), data.train.labels,
+                          f"{data.digest}|cue:{name}:{side}:{seed}")
+        for cut in ctx.cuts(direction):
+            ctx.tracker.enter(f"control shortcut {name} {cut.label}")
+            tests = [images_split(ctx, cut, x, data.test.labels) for x in (right_x, rolled_x)]
+            right, rolled = protocol_rows(ctx, cut, inputs, tests, control="shortcut")
+            for r, q in zip(right, rolled, strict=True):
+                rows.append(r.model_copy(update={
+                    "cue": name, "rolled_agreement": q.agreement,
+                    "excessive_agreement": r.agreement - q.agreement,
+                }))
+    return rows
+
+
+def _shortcut_cost(spec: Spec, sizes: Sizes) -> Units:
+    # Two test splits of marked images (right and rolled cues), both models on each.
+    marked = Units(forward=2 * 2 * passes(sizes.test, EVAL_BATCH))
+    per_cut = marked + rows_units(spec, sizes, sizes.train, [sizes.test] * 2, control=True)
+    return per_cut * (sizes.pairs * len(spec.control_settings.cues))
+
+
+register_control(ControlEntry(
+    name="shortcut", label="unseen cues (shortcut)",
+    description="class markers neither model saw, painted onto the stitch-training inputs "
+    "(pixel_specific, pixel_rand, rand_rand); excessive agreement is the agreement with the "
+    "right markers minus with markers rolled by one class",
+    run=_shortcut, cost=_shortcut_cost,
+))

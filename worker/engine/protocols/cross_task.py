@@ -1,0 +1,78 @@
+"""Cross-task pairing: the front model's own task, its classes paired into the back model's."""
+
+from __future__ import annotations
+
+import torch
+from stitchsim.models import IRIStats
+from stitchsim_worker.engine.errors import SpecError
+from stitchsim_worker.engine.job.context import Cut, JobContext
+from stitchsim_worker.engine.protocols.entry import (
+    ProtocolEntry,
+    register_protocol,
+)
+from stitchsim_worker.engine.protocols.standard import extraction_units
+from stitchsim_worker.engine.stitching.activations import InputSet, Split
+from stitchsim_worker.engine.stitching.bank import Bank
+
+_ELSEWHERE = -30.0  # a logit whose softmax is ~1e-13: one-hot "predictions" of paired labels
+
+
+def _paired(ctx: JobContext, cut: Cut, split_name: str) -> tuple[torch.Tensor, Bank, Bank]:
+    """The front model's own images of one split, their labels paired into the back model's
+    classes, and for each a back-task image of the paired class (a random one, fixed by the
+    seed): what the back model would see in that class."""
+    own, other = ctx.prep.data_of(cut.f), ctx.prep.data_of(cut.g)
+    mine = getattr(own, split_name)
+    theirs = getattr(other, split_name)
+    labels = ctx.prep.classes_into(cut.g)[mine.labels]
+    g = torch.Generator().manual_seed(ctx.spec.train.seed)
+    partner = torch.empty(len(labels), dtype=torch.long)
+    for c in labels.unique():
+        pool = (theirs.labels == c).nonzero().flatten()
+        if len(pool) == 0:
+            raise SpecError(f"cross_task: the back model's dataset has no {split_name} sample "
+                            f"of class {int(c)}, which front class(es) are paired with")
+        where = (labels == c).nonzero().flatten()
+        partner[where] = pool[torch.randint(0, len(pool), (len(where),), generator=g)]
+    pixels = ctx.own_pixels[cut.f.where][0 if split_name == "train" else 1]
+    return labels, pixels, ctx.bank(theirs.images[partner])
+
+
+def _one_hot_logits(ctx: JobContext, labels: torch.Tensor, k: int) -> Bank:
+    logits = torch.full((len(labels), k), _ELSEWHERE)
+    logits[torch.arange(len(labels)), labels] = 0.0
+    return ctx.bank(logits)
+
+
+def _cross_task_train(
+    ctx: JobContext, cut: Cut, _inputs: InputSet, points: list[str]
+) -> tuple[Split, IRIStats | None]:
+    labels, pixels, partners = _paired(ctx, cut, "train")
+    front, probe = cut.f.front(cut.i), cut.g.probe([cut.j])
+    (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
+    # T's least-squares start maps the front model's view of its own images to the back
+    # model's tensor on images of the paired class.
+    _, feat = ctx.compute(partners, lambda x: (*probe(x),))
+    k = int(cut.g.model.num_classes)
+    return Split(inputs, labels, _one_hot_logits(ctx, labels, k), [feat], partners), None
+
+
+def _cross_task_test(ctx: JobContext, cut: Cut) -> Split:
+    labels, pixels, partners = _paired(ctx, cut, "test")
+    front = cut.f.front(cut.i)
+    (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
+    own = ctx.prep.data_of(cut.g).test
+    g_right = ctx.own_test_logits[cut.g.where].all().argmax(-1) == own.labels
+    k = int(cut.g.model.num_classes)
+    return Split(inputs, labels, _one_hot_logits(ctx, labels, k), [], partners,
+                 back_accuracy=float(g_right.float().mean()))
+
+
+register_protocol(ProtocolEntry(
+    name="cross_task", label="cross-task pairing",
+    description="front and back models of different tasks: T is trained with the front "
+    "model's own images and hard labels paired into the back model's classes; it measures "
+    "compatibility, not shared meaning (read it against the clustered-noise floor)",
+    train_split=_cross_task_train, cost=extraction_units, test_split=_cross_task_test,
+    in_controls=False,
+))

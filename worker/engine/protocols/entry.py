@@ -1,0 +1,53 @@
+"""What a protocol is (DESIGN §1): one registered entry each, saying what the stitch is trained on.
+
+An entry turns a run's training inputs into the split T is fitted on (and the figures that
+describe how it was made, such as IRI convergence), and says what that costs for the progress
+plan. Every protocol is evaluated on the normal test split unless it brings its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from stitchsim.models import IRIStats, Protocol, Spec
+from stitchsim_worker.engine.job.context import Cut, JobContext
+from stitchsim_worker.engine.job.progress import Units
+from stitchsim_worker.engine.models.cutting import BackPart
+from stitchsim_worker.engine.registry import Registry
+from stitchsim_worker.engine.stitching.activations import InputSet, Split
+from stitchsim_worker.engine.stitching.layer import StitchLayer
+from stitchsim_worker.engine.stitching.train import Augment
+
+TrainSplitFn = Callable[[JobContext, Cut, InputSet, list[str]], tuple[Split, IRIStats | None]]
+
+
+@dataclass(frozen=True)
+class ProtocolEntry:
+    name: Protocol
+    label: str
+    description: str
+    train_split: TrainSplitFn
+    """(ctx, cut, training inputs, back alignment points) -> split to fit T on, and stats."""
+    cost: Callable[[Spec, int], Units]
+    """Work units its training split of n inputs takes (the fits are costs.fit_units)."""
+    augment: Callable[[JobContext, Cut, list[str]], Augment] | None = None
+    """Rewrites each training batch against the stitch being trained (adversarial)."""
+    test_split: Callable[[JobContext, Cut], Split] | None = None
+    """Its own test split, when it is not the comparison's (cross-task pairing)."""
+    in_controls: bool = True
+    """Whether the controls (identity, shortcut) run it too."""
+
+
+PROTOCOLS: Registry[ProtocolEntry] = Registry("protocol")
+register_protocol = PROTOCOLS.register
+
+
+
+
+def stitched(cut: Cut, stitch: StitchLayer, back: BackPart) -> Callable[[torch.Tensor],
+                                                                         torch.Tensor]:
+    """h = g>j . T . f<=i on pixels (the hook path's back part reads the same pixels)."""
+    front = cut.f.front(cut.i)
+    return lambda x: back(stitch(front(x)), x)[0]

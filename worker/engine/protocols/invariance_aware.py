@@ -1,0 +1,78 @@
+"""The invariance-aware protocol: T is trained on the front model's IRIs of the training split."""
+
+from __future__ import annotations
+
+from stitchsim.models import IRISettings, IRIStats, Spec
+from stitchsim_worker.engine.iri import synthesis as iri
+from stitchsim_worker.engine.job.context import Cut, JobContext
+from stitchsim_worker.engine.job.progress import Units
+from stitchsim_worker.engine.protocols.entry import (
+    ProtocolEntry,
+    register_protocol,
+)
+from stitchsim_worker.engine.protocols.standard import extraction_units
+from stitchsim_worker.engine.stitching.activations import InputSet, Split, train_split
+
+IRI_STEP_UNITS = 3
+"""A step is a forward and a backward of the front part on an IRI batch: about three units."""
+
+
+def iri_units(spec: Spec, n: int) -> int:
+    """Planned at the cap (every extra round run, every sample to the end): the progress span
+    gives back what the samples did not need when they stop, so the bar never waits at 100 %
+    in an extra round."""
+    steps = sum(iri.round_lengths(spec.iri))
+    return max(1, round(IRI_STEP_UNITS * steps * n / spec.iri.batch_size))
+
+
+def round_ends(settings: IRISettings) -> list[float]:
+    """The share of the IRIs' cap at the end of each round: where a set of IRIs may stop."""
+    lengths = iri.round_lengths(settings)
+    return [sum(lengths[: r + 1]) / sum(lengths) for r in range(len(lengths))]
+
+
+def _iris(ctx: JobContext, cut: Cut, inputs: InputSet) -> iri.IRIResult:
+    """The front model's IRIs of the training inputs at i, from the cache when it has them."""
+    settings = ctx.spec.iri
+    ctx.tracker.enter(f"iri {cut.f.where} {cut.i}")
+    key = iri.cache_key(ctx.identity(cut.f), cut.i, inputs.digest, settings)
+
+    def on_step(live: int) -> None:
+        ctx.check_cancel()
+        ctx.tracker.step(live)
+
+    # A step costs as much as the samples still being stepped (the converged ones have left
+    # the batch). A cache hit takes no steps: the span gives its units back at once.
+    with ctx.tracker.span(iri_units(ctx.spec, inputs.pixels.n),
+                          weight=IRI_STEP_UNITS / settings.batch_size, marks=round_ends(settings)):
+        result = iri.get_iris(
+            key=key, cache=ctx.iri_cache, front=cut.f.front(cut.i), pixels=inputs.pixels,
+            settings=settings, banks=ctx.banks, device=ctx.device, on_step=on_step,
+        )
+    stats = result.stats
+    if not stats.converged:
+        ctx.warnings.append(
+            f"IRIs of the {cut.f.where} model at {cut.i} did not converge: median relative "
+            f"distance {stats.median:.3f} (from {stats.start_median:.3f}; the line is "
+            f"{settings.converged_below:g}); raise iri.steps or iri.step_size"
+        )
+    return result
+
+
+def _invariance_aware(
+    ctx: JobContext, cut: Cut, inputs: InputSet, points: list[str]
+) -> tuple[Split, IRIStats | None]:
+    result = _iris(ctx, cut, inputs)
+    return train_split(ctx, cut, result.images, inputs.labels, points), result.stats
+
+
+def _iris_and_extraction(spec: Spec, n: int) -> Units:
+    return extraction_units(spec, n) + Units(iri=iri_units(spec, n))
+
+
+register_protocol(ProtocolEntry(
+    name="invariance_aware", label="invariance-aware",
+    description="T is trained on IRIs: inputs the front model cannot tell from the training "
+    "inputs at the stitch point, towards the back model's own processing of the IRIs",
+    train_split=_invariance_aware, cost=_iris_and_extraction,
+))

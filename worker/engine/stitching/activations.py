@@ -1,0 +1,72 @@
+"""The data a stitch is trained and evaluated on: the front part's view of the inputs, and the
+back model's own processing of the same inputs. Computed once per (stitch, input set): the
+models are frozen and nothing is augmented."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from stitchsim_worker.engine.job.context import Cut, JobContext
+from stitchsim_worker.engine.stitching.bank import Bank
+
+
+@dataclass
+class Split:
+    """One split as the stitch sees it: its inputs, and what the back model made of them."""
+
+    inputs: Bank  # f<=i(x) (or of IRIs, or noise for the controls)
+    labels: torch.Tensor
+    back_logits: Bank  # g(x)
+    back_feats: list[Bank] = field(default_factory=list)  # g_j(x), then g_l(x) for later l
+    # The network input x itself: a back part on the hook path runs g on x and swaps the
+    # stitch tensor in; one on the graph path never reads it.
+    pixels: Bank | None = None
+    # The back model's accuracy to set the stitched one against, when back_logits are not
+    # its own predictions (cross-task pairing: they are the paired labels).
+    back_accuracy: float | None = None
+
+    def __len__(self) -> int:
+        return self.inputs.n
+
+
+@dataclass(frozen=True)
+class InputSet:
+    """Training inputs of a protocol run: pixels, labels, and the content identity of both
+    (it keys the IRI cache)."""
+
+    pixels: Bank
+    labels: torch.Tensor
+    digest: str
+
+
+def train_split(
+    ctx: JobContext, cut: Cut, pixels: Bank, labels: torch.Tensor, points: list[str]
+) -> Split:
+    """Stitch inputs f<=i(x), the back model's logits and its tensors at `points` (j first)."""
+    probe, front = cut.g.probe(points), cut.f.front(cut.i)
+    logits, *feats = ctx.compute(pixels, lambda x: (*probe(x),))
+    (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
+    return Split(inputs, labels, logits, feats, pixels)
+
+
+def test_split(ctx: JobContext, cut: Cut) -> Split:
+    """The test split: f<=i(x) and g(x) (already computed once per job)."""
+    front = cut.f.front(cut.i)
+    (inputs,) = ctx.compute(ctx.test_pixels, lambda x: (front(x),))
+    data = ctx.prep.data.test
+    return Split(inputs, data.labels, ctx.test_logits[cut.g.where], [], ctx.test_pixels)
+
+
+def images_split(ctx: JobContext, cut: Cut, images: torch.Tensor, labels: torch.Tensor) -> Split:
+    """A test split of other images (e.g. with markers): both models run on them."""
+    pixels = ctx.bank(images)
+    front = cut.f.front(cut.i)
+    (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
+    (logits,) = ctx.compute(pixels, lambda x: (cut.g.logits(x),))
+    return Split(inputs, labels, logits, [], pixels)
+
+
+def with_inputs(split: Split, inputs: Bank) -> Split:
+    """The same targets, other stitch inputs (the clustered-noise control)."""
+    return Split(inputs, split.labels, split.back_logits, split.back_feats, split.pixels)

@@ -1,0 +1,130 @@
+"""The alignment objectives (DESIGN §1), one registered entry each.
+
+An entry says how T is fitted (a loss for Adam, or a closed form), which of the back model's
+tensors it needs, what a fit costs for the progress plan, and how reports name it. Adding an
+objective is one `register_objective` call plus its name in the contract's `Objective`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from stitchsim.models import Objective, TrainSettings
+from stitchsim_worker.engine.measures.metrics import relative_distance
+from stitchsim_worker.engine.registry import Registry
+from stitchsim_worker.engine.stitching.train import (
+    FitTask,
+    LossFn,
+    LossInputs,
+    direct_matching_loss,
+    init_least_squares,
+    refit_least_squares,
+    train_stitch,
+)
+
+LS_BATCH = 256
+
+
+@dataclass(frozen=True)
+class ObjectiveEntry:
+    name: Objective
+    label: str
+    description: str
+    fit: Callable[[FitTask], float]
+    """Fits task.stitch on task.split (initialised or not); returns the training loss."""
+    cost: Callable[[int, TrainSettings], int]
+    """Work units (batches through T and g>j) of one fit on n training samples."""
+    aligns_later_points: bool = False
+    """Its targets are the back model's tensors at j and every later stage, not just at j."""
+    closed_form: bool = False
+
+
+OBJECTIVES: Registry[ObjectiveEntry] = Registry("objective")
+register_objective = OBJECTIVES.register
+
+
+def get_objective(name: str) -> ObjectiveEntry:
+    return OBJECTIVES[name]
+
+
+# ---------------------------------------------------------------- losses
+
+
+def hard_label_loss(b: LossInputs) -> torch.Tensor:
+    return F.cross_entropy(b.logits, b.labels)
+
+
+def soft_label_loss(b: LossInputs) -> torch.Tensor:
+    # KL(softmax g || softmax h), temperature 1.
+    return F.kl_div(
+        b.logits.log_softmax(-1), b.back_logits.log_softmax(-1), log_target=True,
+        reduction="batchmean",
+    )
+
+
+def latent_alignment_loss(b: LossInputs) -> torch.Tensor:
+    # Equal weights over l = j .. last stage; no logits term.
+    return torch.stack(
+        [relative_distance(h, g) for h, g in zip(b.feats, b.back_feats, strict=True)]
+    ).mean()
+
+
+# ---------------------------------------------------------------- fitting
+
+
+def _adam(loss: LossFn, with_feats: bool = False) -> Callable[[FitTask], float]:
+    """Least-squares initialisation on `init_samples`, then Adam on the loss."""
+
+    def fit(task: FitTask) -> float:
+        init_least_squares(task.stitch, task.split, task.settings.init_samples, LS_BATCH,
+                           task.device)
+        return train_stitch(task, loss, with_feats)
+
+    return fit
+
+
+def _closed_form(task: FitTask) -> float:
+    """dm's optimum for a linear T is the least-squares solution over the whole split (with
+    adversarial stitch training: solved again on inputs attacked against that solution)."""
+    init_least_squares(task.stitch, task.split, len(task.split), LS_BATCH, task.device)
+    if task.augment is not None:
+        refit_least_squares(task, LS_BATCH)
+    loss = direct_matching_loss(task.stitch, task.split, LS_BATCH, task.device)
+    task.on_step(_one_pass(len(task.split), task.settings))
+    return loss
+
+
+def _epochs(n: int, settings: TrainSettings) -> int:
+    return settings.epochs * math.ceil(n / settings.batch_size)
+
+
+def _one_pass(n: int, _settings: TrainSettings) -> int:
+    return math.ceil(n / LS_BATCH)
+
+
+register_objective(ObjectiveEntry(
+    name="hlm", label="hard-label matching",
+    description="cross-entropy of the stitched model against the labels",
+    fit=_adam(hard_label_loss), cost=_epochs,
+))
+register_objective(ObjectiveEntry(
+    name="slm", label="soft-label matching",
+    description="KL divergence from the back model's softmax to the stitched model's",
+    fit=_adam(soft_label_loss), cost=_epochs,
+))
+register_objective(ObjectiveEntry(
+    name="dm", label="direct matching",
+    description="relative distance to the back model's tensor at the stitch point, solved in "
+    "closed form (least squares over the whole training split)",
+    fit=_closed_form, cost=_one_pass, closed_form=True,
+))
+register_objective(ObjectiveEntry(
+    name="fula", label="functional latent alignment",
+    description="mean relative distance to the back model's tensors at the stitch point and "
+    "every later stage",
+    fit=_adam(latent_alignment_loss, with_feats=True), cost=_epochs, aligns_later_points=True,
+))
