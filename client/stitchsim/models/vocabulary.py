@@ -1,25 +1,23 @@
-"""The vocabulary a spec and a report are written in: every name a user can write."""
+"""The vocabulary a spec and a report are written in: the catalogue's names as `Literal`
+types (so pydantic validates them and the OpenAPI document lists them), and the few
+enumerations that are states rather than choices."""
 
 from __future__ import annotations
 
 from typing import Literal, get_args
 
-# The catalogue's names, as the spec and its users know them.
+from stitchsim import catalogue
 from stitchsim.datasets import BUILTIN_DATASETS as BUILTIN_DATASETS
 
-Objective = Literal["hlm", "slm", "dm", "fula"]
-Protocol = Literal["standard", "invariance_aware", "adversarial", "cross_task"]
+# Built from the catalogue (one entry a name): a name added there is valid here.
+Objective = Literal[catalogue.OBJECTIVES.names]  # type: ignore[valid-type]
+Protocol = Literal[catalogue.PROTOCOLS.names]  # type: ignore[valid-type]
+Control = Literal[catalogue.CONTROLS.names]  # type: ignore[valid-type]
+Cue = Literal[catalogue.CUES.names]  # type: ignore[valid-type]
+Measure = Literal[catalogue.MEASURES.names]  # type: ignore[valid-type]
+MeasureInput = Literal[catalogue.MEASURE_INPUTS.names]  # type: ignore[valid-type]
 Direction = Literal["front_to_back", "back_to_front"]
 Directions = Literal["front_to_back", "back_to_front", "both"]
-Control = Literal["clustered_noise", "identity", "shortcut"]
-Measure = Literal["cka", "mutual_knn"]
-"""Representation similarity measures beside stitching (no fitting): linear CKA (unbiased,
-mini-batch HSIC) and mutual k-nearest-neighbour alignment."""
-MeasureInput = Literal["real", "iri"]
-"""What the measure's activations are of: real test images, or the front model's IRIs."""
-Cue = Literal["pixel_specific", "pixel_rand", "rand_rand"]
-"""Unseen cues of the shortcut control: a class-coloured marker at a class-specific place, the
-same colours at a random place, random colours at random places (no class information)."""
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 Verdict = Literal["similar", "dissimilar"]
 Preprocessing = Literal["auto", "timm", "none", "inception"]

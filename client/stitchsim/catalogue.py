@@ -1,0 +1,254 @@
+"""The catalogue: every name a user can write, with its label, description, plot style,
+preference rank and flags. One entry a name; nothing else in the project spells the
+vocabulary out.
+
+The contract's `Literal` types (stitchsim.models.vocabulary) are built from these entries, so
+the spec validates against them; the view's labels, the page's plot styles, the verdict's
+protocol preference, the CLI help and the OpenAPI descriptions are read from them; the engine's
+registries attach behaviour to the same names, and a test holds the two 1 : 1. Adding an
+objective, a protocol or a measure is its entry here plus its entry in the engine.
+
+Standard library only: the client, the gateway (no torch) and the engine all import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+
+@dataclass(frozen=True)
+class PlotStyle:
+    """How a series is drawn: Okabe & Ito's colour-blind-safe palette, and a line style and
+    marker of its own, so plots survive greyscale printing."""
+
+    color: str
+    linestyle: str = "-"
+    marker: str = "o"
+
+    def as_kwargs(self) -> dict[str, str]:
+        return {"color": self.color, "linestyle": self.linestyle, "marker": self.marker}
+
+
+# Okabe & Ito's palette.
+BLUE, VERMILLION, GREEN, ORANGE = "#0072B2", "#D55E00", "#009E73", "#E69F00"
+PURPLE, SKY, YELLOW, GREY, BLACK = "#CC79A7", "#56B4E9", "#F0E442", "#6E6E6E", "#000000"
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    label: str
+    description: str
+    short: str = ""
+    """A label for tight places (table headers, plot legends); the label when empty."""
+
+    @property
+    def short_label(self) -> str:
+        return self.short or self.label
+
+
+@dataclass(frozen=True)
+class ObjectiveEntry(Entry):
+    style: PlotStyle = PlotStyle(BLUE)
+    aligns_later_points: bool = False
+    """It needs the back model's tensors after the stitch point too (fula)."""
+    closed_form: bool = False
+    """Solved in closed form, not trained (dm)."""
+
+
+@dataclass(frozen=True)
+class ProtocolEntry(Entry):
+    style: PlotStyle = PlotStyle(BLUE)
+    rank: int = 0
+    """The verdict reads the figure of the highest-ranked protocol that ran."""
+    uses_iris: bool = False
+    """Its training inputs are IRIs (the IRI settings and convergence figures apply)."""
+    needs_front_dataset: bool = False
+    """It reads the front model's own dataset (spec.front_dataset)."""
+    in_controls: bool = True
+    """The controls (identity, shortcut) run it too."""
+    attacks: bool = False
+    """It crafts adversarial inputs while the stitch trains (spec.adversarial applies)."""
+
+
+@dataclass(frozen=True)
+class ControlEntry(Entry):
+    band: bool = False
+    """Drawn as a band behind the comparison's lines (a ceiling or a floor)."""
+
+
+@dataclass(frozen=True)
+class MeasureEntry(Entry):
+    style: PlotStyle = PlotStyle(BLUE)
+
+
+@dataclass(frozen=True)
+class ModelSourceEntry(Entry):
+    prefix: str = ""
+    """How an `arch` names it: `prefix:NAME` (empty: a plain name)."""
+
+
+@dataclass(frozen=True)
+class OutputKindEntry(Entry):
+    needs_labels: bool = True
+    """Its agreement or training needs class labels (logits); else labels are optional."""
+
+
+@dataclass(frozen=True)
+class DatasetFormatEntry(Entry):
+    suffixes: tuple[str, ...] = ()
+    """File name endings the client recognises it by (a directory: empty)."""
+
+
+E = TypeVar("E", bound=Entry)
+
+
+@dataclass(frozen=True)
+class Kind(Generic[E]):
+    """The entries of one kind of name, in their one order (reports, tables and plots list
+    them in it)."""
+
+    kind: str
+    entries: tuple[E, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        names = [e.name for e in self.entries]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{self.kind}: a name is catalogued twice: {names}")
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(e.name for e in self.entries)
+
+    def __getitem__(self, name: str) -> E:
+        for e in self.entries:
+            if e.name == name:
+                return e
+        raise KeyError(f"unknown {self.kind} {name!r}; one of: {', '.join(self.names)}")
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names
+
+    def __iter__(self) -> Iterator[E]:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def label(self, name: str) -> str:
+        """The entry's label; an unknown name (a report from a newer service) as written."""
+        return self[name].label if name in self else name
+
+    def where(self, **flags: object) -> tuple[str, ...]:
+        """Names of the entries whose fields equal the given values, in order."""
+        return tuple(e.name for e in self.entries
+                     if all(getattr(e, k) == v for k, v in flags.items()))
+
+    def help(self) -> str:
+        """One line for CLI help and OpenAPI text: every name with its short label."""
+        return "; ".join(f"{e.name} ({e.short_label})" for e in self.entries)
+
+
+OBJECTIVES: Kind[ObjectiveEntry] = Kind("objective", (
+    ObjectiveEntry(
+        "hlm", "hard-label matching (hlm)", "cross-entropy of the stitched model against the "
+        "labels", short="hlm", style=PlotStyle(BLUE, "-", "o")),
+    ObjectiveEntry(
+        "slm", "soft-label matching (slm)", "KL divergence from the back model's softmax to "
+        "the stitched model's (temperature 1)", short="slm",
+        style=PlotStyle(VERMILLION, "--", "s")),
+    ObjectiveEntry(
+        "dm", "direct matching (dm)", "relative distance to the back model's tensor at the "
+        "stitch point, solved in closed form (least squares)", short="dm",
+        style=PlotStyle(GREEN, "-.", "D"), closed_form=True),
+    ObjectiveEntry(
+        "fula", "functional latent alignment (fula)", "mean relative distance to the back "
+        "model's tensors at the stitch point and every later block", short="fula",
+        style=PlotStyle(PURPLE, ":", "^"), aligns_later_points=True),
+))
+
+PROTOCOLS: Kind[ProtocolEntry] = Kind("protocol", (
+    ProtocolEntry(
+        "standard", "standard", "T is trained on the training split, towards the back "
+        "model's processing of it", style=PlotStyle(BLUE, "-", "o"), rank=1),
+    ProtocolEntry(
+        "invariance_aware", "invariance-aware", "T is trained on IRIs: inputs the front model "
+        "cannot tell from the training inputs at the stitch point, towards the back model's "
+        "own processing of the IRIs", style=PlotStyle(VERMILLION, "--", "s"), rank=2,
+        uses_iris=True),
+    ProtocolEntry(
+        "adversarial", "adversarial", "T is trained with a fraction alpha of each batch "
+        "replaced by PGD inputs crafted against the stitched model, towards the back model's "
+        "processing of the same inputs", style=PlotStyle(ORANGE, "-.", "D"), attacks=True),
+    ProtocolEntry(
+        "cross_task", "cross-task", "front and back models of different tasks: T is trained "
+        "with the front model's own images and hard labels paired into the back model's "
+        "classes; it measures compatibility, not shared meaning (read it against the "
+        "clustered-noise floor)", style=PlotStyle(GREY, ":", "^"),
+        needs_front_dataset=True, in_controls=False),
+))
+
+CONTROLS: Kind[ControlEntry] = Kind("control", (
+    ControlEntry(
+        "clustered_noise", "clustered noise", "one noise centre per class fed through T into "
+        "the back model: the accuracy a representation with nothing but class clusters "
+        "reaches (the floor)", short="noise floor", band=True),
+    ControlEntry(
+        "identity", "identity", "the back model stitched into itself at the same point: "
+        "agreement near 1 is the ceiling and a sanity check", short="ceiling", band=True),
+    ControlEntry(
+        "shortcut", "unseen cues", "class markers neither model saw, painted onto the "
+        "stitch-training inputs: agreement that falls when the markers are rolled by one "
+        "class was bought by the marker (excessive agreement)", short="unseen cues"),
+))
+
+CUES: Kind[Entry] = Kind("cue", (
+    Entry("pixel_specific", "class colour, class place",
+          "a class-coloured square at a class-specific place"),
+    Entry("pixel_rand", "class colour, random place", "a class-coloured square at a random "
+          "place"),
+    Entry("rand_rand", "random colour, random place", "a randomly coloured square at a random "
+          "place: no class information (the ~0 control)"),
+))
+
+MEASURES: Kind[MeasureEntry] = Kind("measure", (
+    MeasureEntry(
+        "cka", "linear CKA", "linear centred kernel alignment, unbiased HSIC accumulated over "
+        "mini-batches", style=PlotStyle(BLUE, "-", "o")),
+    MeasureEntry(
+        "mutual_knn", "mutual k-NN", "the share of each sample's k nearest neighbours the two "
+        "representations have in common", style=PlotStyle(GREEN, "--", "s")),
+))
+
+MEASURE_INPUTS: Kind[Entry] = Kind("measure input", (
+    Entry("real", "real inputs", "the test split's images"),
+    Entry("iri", "IRIs", "the front model's IRIs: both models' activations on them"),
+))
+
+MODEL_SOURCES: Kind[ModelSourceEntry] = Kind("model source", (
+    ModelSourceEntry(
+        "timm", "timm", "a timm registry name (plain names are timm), built with "
+        "pretrained=False and loaded strictly from the checkpoint"),
+))
+
+OUTPUT_KINDS: Kind[OutputKindEntry] = Kind("output kind", (
+    OutputKindEntry(
+        "logits", "logits", "a classifier's class scores: agreement of the softmaxes, hard "
+        "agreement, accuracy and error consistency"),
+))
+
+DATASET_FORMATS: Kind[DatasetFormatEntry] = Kind("dataset format", (
+    DatasetFormatEntry(
+        "safetensors", "safetensors", "one file with train_images, train_labels, test_images "
+        "and test_labels (uint8 N x C x H x W or float in [0,1]; int64 labels)",
+        suffixes=(".safetensors",)),
+))
+
+KINDS: tuple[Kind[Entry], ...] = (  # type: ignore[assignment]
+    OBJECTIVES, PROTOCOLS, CONTROLS, CUES, MEASURES, MEASURE_INPUTS, MODEL_SOURCES,
+    OUTPUT_KINDS, DATASET_FORMATS,
+)
+"""Every kind of name, for the tests that hold each against its engine registry and render
+every entry."""
