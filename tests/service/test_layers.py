@@ -2,7 +2,7 @@
 worker → service core ← gateway, all → contract (DESIGN §2). And every error code the tree
 uses is in the registry.
 
-    contract   stitchsim.models, .codes, .datasets, .jsondepth, .files: nothing of ours
+    contract   stitchsim.models, .catalogue, .codes, .datasets, .jsondepth, .files: nothing of ours
                outside itself, no httpx
     view       stitchsim.view, .table, .junit: the contract only
     sdk, cli   the rest of stitchsim: nothing of the service or the worker
@@ -24,8 +24,8 @@ from stitchsim import codes
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {ROOT / "client" / "stitchsim": "stitchsim", ROOT / "service": "stitchsim_service",
             ROOT / "worker": "stitchsim_worker"}
-CONTRACT = ("stitchsim.models", "stitchsim.codes", "stitchsim.datasets", "stitchsim.jsondepth",
-            "stitchsim.files")
+CONTRACT = ("stitchsim.models", "stitchsim.catalogue", "stitchsim.codes", "stitchsim.datasets",
+            "stitchsim.jsondepth", "stitchsim.files")
 VIEW = ("stitchsim.view", "stitchsim.table", "stitchsim.junit")
 HTTP_FRAMEWORK = ("fastapi", "starlette")
 TORCH = ("torch", "torchvision", "timm")
