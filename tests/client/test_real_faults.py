@@ -2,7 +2,8 @@
 service's tests cover their every branch): a 429 from a real per-key quota waited out as its
 Retry-After says, backoff through a gateway that is down, a resubmission under the same
 Idempotency-Key, a CLI check riding out a gateway killed and restarted on the same port and
-ending in NO VERDICT (exit 2), and exit 3 for a real 429.
+ending in NO VERDICT (exit 2), exit 3 for a real 429, and exit 4 (the job cancelled) when no
+worker runs.
 """
 
 from __future__ import annotations
@@ -118,6 +119,25 @@ def test_a_resubmission_with_the_same_idempotency_key_is_the_same_job(
     assert [j["id"] for j in _jobs(svc, key)] == [first.id]
     assert info.value.code == "idempotency_conflict"
     assert exit_code_for(info.value) == 2  # the user reused a key for another request
+
+
+def test_with_no_worker_running_a_check_times_out_exits_4_and_cancels(
+    gateway_service: ServiceHandle, untrained: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The gateway alone is a service whose workers are stopped: the job stays queued.
+    from stitchsim.cli import main
+
+    svc = gateway_service
+    key = svc.create_key("no-worker")
+    code = main(["check", str(untrained.front), str(untrained.back), "--url", svc.url,
+                 "--api-key", key, "--threshold", "0.5", "--layers", "layer1",
+                 "--objectives", "dm", "--timeout", "2", "--progress", "none"])
+    err = capsys.readouterr().err
+    assert code == 4, err
+    job_id = err.split("stitchsim jobs wait ")[1].split("`")[0]
+    assert f"job {job_id} still queued after 2s" in err
+    # Not left behind in the queue: cancelled at once (it was queued).
+    assert [(j["id"], j["state"]) for j in _jobs(svc, key)] == [(job_id, "cancelled")]
 
 
 # ---------------------------------------------------------------- a gateway that goes away
