@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command: install (once) into .venv, then run the whole suite.
 # Needs Redis on 127.0.0.1:6379 (and uses PostgreSQL on 127.0.0.1:5432 when it answers).
+# With CI=true (.ci/run) a missing Redis, PostgreSQL or Chromium fails the tests that need
+# it instead of skipping them (tests/environment.py); pytest's header lists what is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh --test

@@ -23,3 +23,11 @@ def pytest_collection_modifyitems(items: list) -> None:  # type: ignore[type-arg
                 item._id = item.parent.id.child(item.name)
             else:  # pytest 8
                 item._nodeid = f"{item.parent.nodeid}::{item.name}"
+
+
+def pytest_report_header(config: object) -> list[str]:
+    """Which of PostgreSQL, Redis and Chromium this run has: a green run without CI=true may
+    have skipped the browser tests or kept the job table in SQLite, and this says so."""
+    from tests.environment import report_lines
+
+    return report_lines()

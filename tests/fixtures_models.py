@@ -69,3 +69,33 @@ def ckpts(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Checkpoin
             tmp.write_text(json.dumps(acc))
             tmp.replace(done)
     return Checkpoints(root, json.loads(done.read_text()))
+
+
+@dataclass
+class Untrained:
+    front: Path
+    back: Path
+
+
+def write_untrained(path: Path, seed: int, arch: str = "test_resnet") -> Path:
+    """A checkpoint of `arch` (10 classes) as its random init left it, saved as a user would."""
+    import timm
+    import torch
+    from safetensors.torch import save_file
+
+    torch.manual_seed(seed)
+    net = timm.create_model(arch, pretrained=False, num_classes=10)
+    weights = {k: v.detach().contiguous().clone() for k, v in net.state_dict().items()}
+    save_file(weights, str(path), metadata={"arch": arch,
+                                            "arch_kwargs": json.dumps({"num_classes": 10})})
+    return path
+
+
+@pytest.fixture(scope="session")
+def untrained(tmp_path_factory: pytest.TempPathFactory) -> Untrained:
+    """Two test_resnet checkpoints straight from their random init (seeds 0 and 1): no
+    training, so they cost a second, and they predict at chance. For tests of failures,
+    listings and retries, where what the models learned does not matter."""
+    root = tmp_path_factory.mktemp("untrained")
+    return Untrained(write_untrained(root / "front.safetensors", 0),
+                     write_untrained(root / "back.safetensors", 1))

@@ -4,8 +4,10 @@ Redis deployment (gateway + separate Celery worker processes). No mocks of our o
 live_service    session: serve on a free loopback port, temp data dir, keys not required.
 redis_service   session: uvicorn gateway + `worker --queues gpu` + `worker --queues checks`
                 against the real Redis at 127.0.0.1:6379 (its own db number, flushed), the job
-                table in PostgreSQL when 127.0.0.1:5432 answers (else SQLite), keys required
-                (.api_key and .other_key).
+                table in PostgreSQL at 127.0.0.1:5432, keys required (.api_key and .other_key).
+                Without PostgreSQL: a failure under CI; elsewhere SQLite, with a warning (see
+                tests/environment.py). Without Redis: a failure under CI, a skip elsewhere.
+gateway_service session: `serve --workers 0`, keys required, spec checks off (jobs stay queued).
 service_factory function: start more of either kind (for restart tests).
 """
 
@@ -19,7 +21,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,8 +30,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.environment import POSTGRES_ADMIN_URL, in_ci, missing, postgres_problem, require_redis
+
 REDIS_HOST = "127.0.0.1:6379"
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/test"
 
 # Fast failure detection, so restart tests take seconds, not minutes.
 FAST_ENV = {
@@ -77,11 +81,11 @@ class ServiceHandle:
 
     # ---- processes
 
-    def _spawn(self, name: str, cmd: list[str]) -> None:
+    def _spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> None:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         out = open(logs / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)
-        self.procs[name] = subprocess.Popen(cmd, env=self.env, stdout=out, stderr=out,
+        self.procs[name] = subprocess.Popen(cmd, env=env or self.env, stdout=out, stderr=out,
                                             start_new_session=True)
         out.close()
 
@@ -116,8 +120,15 @@ class ServiceHandle:
         assert self.mode == "redis"
         for queue in ("gpu", "checks"):
             if f"worker_{queue}" not in self.procs:
-                self._spawn(f"worker_{queue}",
-                            cli_command("worker", "--queues", queue, "--name", f"{queue}@test"))
+                self.start_worker(queue)
+
+    def start_worker(self, queue: str, extra_env: dict[str, str] | None = None) -> None:
+        """The worker of queue (process name worker_<queue>), with settings of its own in
+        extra_env: a worker's environment is its configuration."""
+        assert self.mode == "redis" and f"worker_{queue}" not in self.procs
+        self._spawn(f"worker_{queue}",
+                    cli_command("worker", "--queues", queue, "--name", f"{queue}@test"),
+                    {**self.env, **(extra_env or {})})
 
     def stop_process(self, name: str, sig: int = signal.SIGTERM, timeout: float = 30) -> None:
         proc = self.procs.pop(name, None)
@@ -259,28 +270,33 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def postgres_database() -> tuple[str, Any] | None:
-    """A fresh PostgreSQL database and its dropper, or None when none answers."""
-    try:
-        import psycopg
-    except ImportError:
+def postgres_database(admin_url: str = POSTGRES_ADMIN_URL
+                      ) -> tuple[str, Callable[[], None]] | None:
+    """A fresh PostgreSQL database and its dropper. When PostgreSQL does not answer: under CI
+    the test fails saying why; elsewhere None (tests/environment.py says why)."""
+    problem = postgres_problem(admin_url)
+    if problem is not None:
+        if in_ci():
+            missing("PostgreSQL", problem)
         return None
+    import psycopg
+
     name = f"stitchsim_test_{uuid.uuid4().hex[:10]}"
-    try:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-    except Exception:
-        return None
+    # It answered a moment ago: an error now is a real one, raised, not a reason to fall back.
+    with psycopg.connect(admin_url, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
 
     def drop() -> None:
         with contextlib.suppress(Exception), psycopg.connect(
-                PG_ADMIN_URL, autocommit=True, connect_timeout=3) as conn:
+                admin_url, autocommit=True, connect_timeout=3) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
-    return f"postgresql://postgres@127.0.0.1:5432/{name}", drop
+    base = admin_url.rsplit("/", 1)[0]
+    return f"{base}/{name}", drop
 
 
 def redis_db() -> tuple[str, Any]:
+    require_redis()
     import redis
 
     # One db number per starter, so concurrent services (and test sessions) never share keys.
@@ -337,6 +353,9 @@ class ServiceFactory:
         if pg is not None:
             db_url, drop = pg
             self.cleanups.append(drop)
+        elif postgres:
+            warnings.warn(f"this Redis-mode service keeps its job table in SQLite: "
+                          f"{postgres_problem()}", stacklevel=2)
         env = {**os.environ, **FAST_ENV, "STITCHSIM_DATA_DIR": str(data),
                "STITCHSIM_PORT": str(port), "STITCHSIM_REDIS_URL": redis_url,
                "STITCHSIM_DATABASE_URL": db_url, **(extra_env or {})}
@@ -377,6 +396,24 @@ def live_service(_session_services: ServiceFactory) -> ServiceHandle:
 def redis_service(_session_services: ServiceFactory) -> ServiceHandle:
     """Gateway + separate Celery workers on the real Redis; keys required (two keys)."""
     return _session_services.redis()
+
+
+GATEWAY_ONLY_ENV = {
+    "STITCHSIM_REQUIRE_API_KEY": "true",
+    "STITCHSIM_CHECK_TIMEOUT_S": "0",  # no checks worker: submissions are queued unchecked
+    "STITCHSIM_QUOTA_RETRY_AFTER_S": "1",
+}
+
+
+@pytest.fixture(scope="session")
+def gateway_service(_session_services: ServiceFactory) -> ServiceHandle:
+    """`serve --workers 0`: the embedded gateway alone, keys required (.api_key and
+    .other_key), spec checks off, quota answers with Retry-After 1. Accepted jobs stay queued
+    and nothing trains: for tests of what the service answers, in seconds."""
+    h = _session_services.embedded(extra_env=GATEWAY_ONLY_ENV, workers=False)
+    h.api_key = h.create_key("alice")
+    h.other_key = h.create_key("bob")
+    return h
 
 
 @pytest.fixture

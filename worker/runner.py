@@ -181,11 +181,13 @@ def execute_job(ctx: Context, job_id: str, worker: str) -> str:
 
 
 def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> dict[str, Any]:
-    from celery.exceptions import SoftTimeLimitExceeded
-
     try:
         from stitchsim_worker.engine import JobCancelled, SpecError, run_job
     except Exception as exc:
+        # A time limit can run out while the engine (torch) is still being imported.
+        known = _host_failure(ctx, exc)
+        if known is not None:
+            return known
         log.exception("the engine cannot be imported")
         return {"state": "failed", "error_code": "worker_broken",
                 "error_message": f"the worker cannot load its compute engine: {exc}"}
@@ -209,26 +211,49 @@ def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> dict[str,
     except SpecError as exc:
         return {"state": "failed", "error_code": exc.code, "error_message": exc.message,
                 "error_details": _jsonable(exc.details)}
-    except SoftTimeLimitExceeded:
-        # The soft limit is what fired (the hard one, STITCHSIM_JOB_TIME_LIMIT_S, kills the
-        # process without a word): name the time the job actually had.
-        from stitchsim_service.core.queue import soft_time_limit_s
-
-        limit = soft_time_limit_s(ctx.settings)
-        return {"state": "failed", "error_code": "time_limit",
-                "error_message": f"the job ran past its time limit of {limit} s "
-                                 "(STITCHSIM_JOB_TIME_LIMIT_S less a 30 s margin to stop "
-                                 "cleanly); ask for fewer stitch points, epochs or IRI steps"}
-    except MemoryError:
-        return {"state": "failed", "error_code": "out_of_memory",
-                "error_message": "the worker ran out of memory; use a smaller batch size, "
-                                 "fewer samples or fewer stitch points"}
     except Exception as exc:
-        if type(exc).__name__ == "OutOfMemoryError":  # torch's, without importing torch here
-            return {"state": "failed", "error_code": "out_of_memory",
-                    "error_message": "the GPU ran out of memory; use a smaller batch size or "
-                                     "fewer stitch points"}
+        known = _host_failure(ctx, exc)
+        if known is not None:
+            return known
         log.error("job %s failed:\n%s", claim.job_id, traceback.format_exc())
         message = getattr(exc, "message", None) or (
             f"the engine failed unexpectedly: {type(exc).__name__}: {exc}")
         return {"state": "failed", "error_code": "engine_error", "error_message": message}
+
+
+# torch's CPU allocator raises a plain RuntimeError when malloc fails (its CUDA one raises
+# torch.OutOfMemoryError); this is the start of its message.
+_CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
+
+
+def _host_failure(ctx: Context, exc: BaseException) -> dict[str, Any] | None:
+    """The outcome of a job stopped by its host, not by a bug: the time limit ran out, or
+    memory did. The engine wraps what it does not expect in an EngineFailure (the original
+    is its __cause__), so the whole chain is read. None: something else."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    seen: BaseException | None = exc
+    for _ in range(16):  # a chain of causes, bounded
+        if seen is None:
+            break
+        if isinstance(seen, SoftTimeLimitExceeded):
+            # The soft limit is what fired (the hard one, STITCHSIM_JOB_TIME_LIMIT_S, kills
+            # the process without a word): name the time the job actually had.
+            from stitchsim_service.core.queue import soft_time_limit_s
+
+            limit = soft_time_limit_s(ctx.settings)
+            return {"state": "failed", "error_code": "time_limit",
+                    "error_message": f"the job ran past its time limit of {limit} s "
+                                     "(STITCHSIM_JOB_TIME_LIMIT_S less a 30 s margin to stop "
+                                     "cleanly); ask for fewer stitch points, epochs or IRI "
+                                     "steps"}
+        if type(seen).__name__ == "OutOfMemoryError":  # torch's, without importing torch here
+            return {"state": "failed", "error_code": "out_of_memory",
+                    "error_message": "the GPU ran out of memory; use a smaller batch size or "
+                                     "fewer stitch points"}
+        if isinstance(seen, MemoryError) or _CPU_ALLOCATOR_FAILED in str(seen):
+            return {"state": "failed", "error_code": "out_of_memory",
+                    "error_message": "the worker ran out of memory; use a smaller batch size, "
+                                     "fewer samples or fewer stitch points"}
+        seen = seen.__cause__
+    return None

@@ -7,6 +7,7 @@ never carries a traceback.
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -52,7 +53,37 @@ def file_error(exc: SafetensorsError, what: str) -> DomainError:
     return DomainError(exc.code, f"{what}: {exc.message}", exc.details)
 
 
+def _document_error_bodies(app: FastAPI) -> None:
+    """Every error goes out as the error body above, with application/json: the 422 of a bad
+    query or path parameter and the errors of the HTML report page too. FastAPI documents its
+    own HTTPValidationError for the 422 and the route's media type for the page's errors; the
+    document is corrected to say what is sent."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            for ops in schema.get("paths", {}).values():
+                for op in ops.values():
+                    for status, documented in op.get("responses", {}).items():
+                        if status[:1] in ("4", "5"):
+                            documented["content"] = {"application/json": {
+                                "schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+            models = schema.get("components", {}).get("schemas", {})
+            text = json.dumps(schema)
+            for name in ("HTTPValidationError", "ValidationError"):
+                if f'"#/components/schemas/{name}"' not in text:
+                    models.pop(name, None)
+                    text = json.dumps(schema)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def install_handlers(app: FastAPI) -> None:
+    _document_error_bodies(app)
+
     @app.exception_handler(DomainError)
     async def _domain(request: Request, exc: DomainError) -> JSONResponse:
         return answer(exc)

@@ -10,9 +10,13 @@ from tests.client.fake_service import FakeService
 
 @pytest.fixture
 def fake() -> Iterator[FakeService]:
-    """The scripted fake service, on a free local port."""
+    """The scripted fake service, on a free local port. A test that met an answer the real
+    service could not have given (not in its OpenAPI document) errors at teardown."""
     with FakeService() as service:
         yield service
+    assert not service.violations, (
+        "the fake service gave answers the real one could not have:\n  "
+        + "\n  ".join(service.violations))
 
 
 @pytest.fixture(autouse=True)

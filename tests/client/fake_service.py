@@ -2,7 +2,13 @@
 
 It speaks DESIGN §3 closely enough to drive the SDK and CLI through uploads, submission,
 polling, failures and retries, in milliseconds and without torch. The real service is
-exercised by test_e2e.py; this one lets the client's own logic be tested in isolation.
+exercised by test_e2e.py and test_real_faults.py; this one lets the client's own logic be
+tested in isolation.
+
+It is kept honest: every answer it gives is checked against the real service's OpenAPI
+document (openapi_check.py), and the `fake` fixture fails a test that met an answer the
+service could not have given; test_fake_contract.py asks the fake and a real gateway the same
+questions and compares the status codes and error codes.
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import email.parser
 import email.policy
 import hashlib
+import io
 import json
 import threading
 import uuid
@@ -18,12 +25,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
+from stitchsim import codes
+from stitchsim.files.errors import SafetensorsError
+from stitchsim.files.header import read_header
 from stitchsim.models import Spec
 
+from tests.client.openapi_check import openapi, problems
 from tests.client.reports import make_report
 
 Response = tuple[int, dict[str, str], bytes]
+TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 @dataclass
@@ -40,6 +53,7 @@ class Injected:
     path: str
     response: Response
     times: int
+    proxy: bool
 
 
 @dataclass
@@ -70,6 +84,8 @@ class FakeService:
     checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
     jobs: dict[str, FakeJob] = field(default_factory=dict)
     injected: list[Injected] = field(default_factory=list)
+    # Answers the real service could not have given (openapi_check.problems), one line each.
+    violations: list[str] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -90,16 +106,21 @@ class FakeService:
         headers: dict[str, str] | None = None,
         body: Any = None,
         times: int = 1,
+        proxy: bool = False,
     ) -> None:
-        """Answer the next `times` requests to METHOD PATH (prefix) with this instead."""
+        """Answer the next `times` requests to METHOD PATH (prefix) with this instead. It is
+        checked like every answer: one the service documents for that operation, unless
+        `proxy` (what a proxy in front of the service answers: 429, 502, 503, 504)."""
         payload = json.dumps(body).encode() if body is not None else b""
-        self.injected.append(Injected(method, path, (status, headers or {}, payload), times))
+        self.injected.append(Injected(method, path, (status, headers or {}, payload), times,
+                                      proxy))
 
     def calls(self, method: str, prefix: str) -> list[Recorded]:
         return [r for r in self.requests if r.method == method and r.path.startswith(prefix)]
 
     def __enter__(self) -> FakeService:
         service = self
+        openapi()  # generated from the real app once, before any answer is timed
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -140,21 +161,34 @@ class FakeService:
     def handle(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Response:
         with self._lock:
             self.requests.append(Recorded(method, path, headers, body))
-            for inj in self.injected:
-                if inj.times > 0 and inj.method == method and path.startswith(inj.path):
-                    inj.times -= 1
-                    return inj.response
+            injected = next((inj for inj in self.injected if inj.times > 0
+                             and inj.method == method and path.startswith(inj.path)), None)
+            if injected is not None:
+                injected.times -= 1
+        if injected is not None:
+            response, proxy = injected.response, injected.proxy
+        else:
+            response, proxy = self._answer(method, path, headers, body), False
+        status, out_headers, payload = response
+        found = problems(method, path, status, {"Content-Type": "application/json",
+                                                **out_headers}, payload, proxy=proxy)
+        with self._lock:
+            self.violations.extend(found)
+        return response
+
+    def _answer(self, method: str, path: str, headers: dict[str, str], body: bytes) -> Response:
         if self.api_key is not None and headers.get("Authorization") != f"Bearer {self.api_key}":
-            return _error(401, "unauthorized", "a valid API key is required")
+            return _error(401, "unauthorized", "this API key is not valid (unknown or revoked)",
+                          {"WWW-Authenticate": "Bearer"})
         route = path.split("?")[0].rstrip("/").split("/")[1:]
         if method == "GET" and route == ["healthz"]:
-            return _json(200, {"ok": True})
+            return _json(200, {"status": "ok"})
         if route[:1] == ["checkpoints"]:
             return self._checkpoints(method, route, headers, body)
         if method == "POST" and route == ["similarity"]:
             return self._submit(headers, body)
         if route[:1] == ["jobs"]:
-            return self._jobs(method, route)
+            return self._jobs(method, route, path)
         return _error(404, "not_found", f"no such endpoint: {method} {path}")
 
     def _checkpoints(
@@ -168,10 +202,20 @@ class FakeService:
         if method == "POST" and len(route) == 1:
             data = _multipart_file(headers.get("Content-Type", ""), body)
             if data is None:
-                return _error(422, "invalid_request", "multipart field 'file' is required")
+                return _error(400, "bad_request",
+                              "no file given: send it in the multipart field 'file'")
+            if not data:
+                return _error(422, "invalid_safetensors", "checkpoint is empty")
+            try:
+                # The service's own header checks, and its answer for a refused file.
+                header = read_header(io.BytesIO(data))
+            except SafetensorsError as exc:
+                return _error(codes.status_of(exc.code), exc.code, f"checkpoint: {exc.message}")
             digest = "sha256:" + hashlib.sha256(data).hexdigest()
             existed = digest in self.checkpoints
-            self.checkpoints[digest] = {"id": digest, "size": len(data), "n_tensors": 1}
+            self.checkpoints[digest] = {"id": digest, "size": len(data),
+                                        "n_tensors": header.n_tensors, "arch": header.arch,
+                                        "metadata": header.metadata}
             return _json(200 if existed else 201, self.checkpoints[digest])
         return _error(405, "method_not_allowed", "method not allowed")
 
@@ -182,22 +226,33 @@ class FakeService:
             if refused is not None:
                 return refused
         for side in ("front", "back"):
-            if spec[side]["checkpoint"] not in self.checkpoints:
-                return _error(422, "invalid_spec", f"{side}.checkpoint: not uploaded")
+            ref = spec[side]["checkpoint"]
+            if ref not in self.checkpoints:
+                return _error(404, "not_found", f"{side} checkpoint {ref} not found; upload it "
+                                                "with POST /checkpoints")
         key = headers.get("Idempotency-Key")
-        for job in self.jobs.values():
-            if key and job.spec.get("_idempotency_key") == key:
-                return _json(202, {"job_id": job.id, "status_url": f"/jobs/{job.id}"})
-        job = FakeJob(id=uuid.uuid4().hex[:12], spec={**spec, "_idempotency_key": key})
-        self.jobs[job.id] = job
+        job = next((j for j in self.jobs.values()
+                    if key and j.spec.get("_idempotency_key") == key), None)
+        if job is not None and {k: v for k, v in job.spec.items() if k[0] != "_"} != spec:
+            return _error(409, "idempotency_conflict", "this Idempotency-Key was used with a "
+                          "different request; use a new key for a new request")
+        if job is None:
+            job = FakeJob(id=uuid.uuid4().hex, spec={**spec, "_idempotency_key": key})
+            self.jobs[job.id] = job
+        # A replayed Idempotency-Key gets the same answer as the first request, as from the
+        # service.
         return _json(
             202,
             {"job_id": job.id, "status_url": f"/jobs/{job.id}"},
             {"Location": f"/jobs/{job.id}", "Retry-After": "1"},
         )
 
-    def _jobs(self, method: str, route: list[str]) -> Response:
+    def _jobs(self, method: str, route: list[str], path: str) -> Response:
         if len(route) == 1 and method == "GET":
+            limit = parse_qs(urlsplit(path).query).get("limit", ["20"])[0]
+            if not limit.isdigit() or not 1 <= int(limit) <= 100:
+                return _error(422, "invalid_request", "invalid request",
+                              [{"loc": ["query", "limit"], "msg": "must lie in [1, 100]"}])
             items = [self._status(j, advance=False) for j in reversed(self.jobs.values())]
             return _json(200, {"items": items, "next_cursor": None})
         job = self.jobs.get(route[1])
@@ -206,11 +261,16 @@ class FakeService:
         if len(route) == 2 and method == "GET":
             return _json(200, self._status(job, advance=True))
         if len(route) == 2 and method == "DELETE":
-            job.cancelled = True
-            return _json(202, self._status(job, advance=False))
+            return self._cancel(job)
         if len(route) == 3 and method == "GET":
-            if self._status(job, advance=False)["state"] != "succeeded":
-                return _error(409, "conflict", "the job has not finished")
+            state = self._status(job, advance=False)["state"]
+            if state != "succeeded" and route[2] == "report":
+                code = "job_not_finished" if state not in TERMINAL else f"job_{state}"
+                return _error(409, code, f"job {job.id} is {state}; a report exists only "
+                                         "once it succeeded")
+            if state != "succeeded":  # the page shows the progress instead
+                page = f"<html><body>job {job.id}: {state}</body></html>"
+                return 200, {"Content-Type": "text/html"}, page.encode()
             spec = {k: v for k, v in job.spec.items() if not k.startswith("_")}
             report = make_report(Spec.model_validate(spec), self.agreement, job_id=job.id,
                                  **self.report_extra)
@@ -220,6 +280,19 @@ class FakeService:
                 page = f"<html><body>job {job.id}: {report.verdict}</body></html>"
                 return 200, {"Content-Type": "text/html"}, page.encode()
         return _error(404, "not_found", "no such endpoint")
+
+    def _cancel(self, job: FakeJob) -> Response:
+        """As the service: a queued job is cancelled at once (200), a running one is flagged
+        and stops soon (202, still running), a finished one cannot be (409 job_finished)."""
+        state = self._status(job, advance=False)["state"]
+        if state in TERMINAL:
+            return _error(409, "job_finished", f"job {job.id} already {state}")
+        if state == "queued":
+            job.cancelled = True
+            return _json(200, self._status(job, advance=False))
+        status = self._status(job, advance=False)
+        job.cancelled = True  # the next poll sees it stopped
+        return _json(202, status)
 
     def _status(self, job: FakeJob, *, advance: bool) -> dict[str, Any]:
         index = min(job.polls, len(self.states) - 1)

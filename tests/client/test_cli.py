@@ -315,8 +315,9 @@ def test_report_of_unfinished_job_and_unknown_job(
     fake.states = [{"state": "running"}]
     assert main(["compare", *files, *url]) == 0
     job_id = capsys.readouterr().out.strip()
-    assert main(["report", job_id, *url]) == 3  # 409 conflict: not finished yet
-    assert "the job has not finished (conflict, HTTP 409)" in capsys.readouterr().err
+    assert main(["report", job_id, *url]) == 3  # 409 job_not_finished: not finished yet
+    assert (f"job {job_id} is running; a report exists only once it succeeded "
+            "(job_not_finished, HTTP 409)") in capsys.readouterr().err
     assert main(["jobs", "show", "nope", *url]) == 2
     assert "job nope not found" in capsys.readouterr().err
 
@@ -334,8 +335,14 @@ def test_jobs_wait_and_report_formats(
     assert json.loads(capsys.readouterr().out)["verdict"] == "similar"
     assert main(["report", job_id, *url, "--format", "html", "-o", "r.html"]) == 0
     assert (tmp_path / "r.html").read_text().startswith("<html>")
-    assert main(["jobs", "cancel", job_id, *url]) == 0
-    assert capsys.readouterr().out.strip() == f"{job_id}: cancelled"
+    # A finished job cannot be cancelled: the service answers 409 job_finished.
+    assert main(["jobs", "cancel", job_id, *url]) == 3
+    assert f"job {job_id} already succeeded (job_finished, HTTP 409)" in capsys.readouterr().err
+    fake.states = [{"state": "queued"}]
+    assert main(["compare", *files, *url]) == 0
+    queued = capsys.readouterr().out.strip()
+    assert main(["jobs", "cancel", queued, *url]) == 0
+    assert capsys.readouterr().out.strip() == f"{queued}: cancelled"
 
 
 def test_sigterm_cancels_the_job(fake: FakeService, files: tuple[str, str]) -> None:

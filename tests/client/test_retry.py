@@ -20,6 +20,9 @@ from stitchsim.sdk import parse_retry_after
 from tests.client.fake_service import FakeService
 from tests.client.files import write_safetensors
 
+# A complete spec naming stored checkpoints: submit() sends it as it is.
+SPEC = {"front": {"checkpoint": "sha256:" + "a" * 64}, "back": {"checkpoint": "sha256:" + "b" * 64}}
+
 
 def recording(client: Client) -> list[float]:
     waits: list[float] = []
@@ -46,7 +49,8 @@ def test_retry_after_is_honoured_in_real_time(fake: FakeService) -> None:
 
 def test_retry_after_as_http_date(fake: FakeService) -> None:
     when = email.utils.formatdate(time.time() + 3, usegmt=True)
-    fake.inject("GET", "/jobs", 429, headers={"Retry-After": when})
+    # A rate-limiting proxy in front of the service; those send dates.
+    fake.inject("GET", "/jobs", 429, headers={"Retry-After": when}, proxy=True)
     with Client(fake.url, retries=3) as client:
         waits = recording(client)
         client.jobs()
@@ -55,21 +59,21 @@ def test_retry_after_as_http_date(fake: FakeService) -> None:
 
 def test_retry_after_longer_than_allowed_is_not_retried_early(fake: FakeService) -> None:
     fake.inject(
-        "GET",
-        "/jobs",
+        "POST",
+        "/similarity",
         429,
         headers={"Retry-After": "3600"},
-        body={"error": {"code": "too_many_requests", "message": "slow down"}},
+        body={"error": {"code": "too_many_jobs", "message": "slow down"}},
     )
     with Client(fake.url, retries=3, max_retry_after=60) as client:
         waits = recording(client)
         with pytest.raises(RateLimited) as info:
-            client.jobs()
+            client.submit(SPEC)
     assert waits == []
-    assert len(fake.calls("GET", "/jobs")) == 1
+    assert len(fake.calls("POST", "/similarity")) == 1
     assert (info.value.status_code, info.value.code, info.value.message) == (
         429,
-        "too_many_requests",
+        "too_many_jobs",
         "slow down",
     )
 
@@ -97,16 +101,16 @@ def test_backoff_doubles_then_gives_up_with_the_server_message(fake: FakeService
 def test_client_errors_are_not_retried(fake: FakeService) -> None:
     details = [{"field": "train.epochs", "message": "must be >= 1"}]
     fake.inject(
-        "GET",
-        "/jobs",
+        "POST",
+        "/similarity",
         422,
         body={"error": {"code": "invalid_spec", "message": "bad epochs", "details": details}},
     )
     with Client(fake.url, retries=3) as client:
         waits = recording(client)
         with pytest.raises(InvalidRequest) as info:
-            client.jobs()
-    assert waits == [] and len(fake.calls("GET", "/jobs")) == 1
+            client.submit(SPEC)
+    assert waits == [] and len(fake.calls("POST", "/similarity")) == 1
     assert info.value.code == "invalid_spec" and info.value.details == details
 
 
@@ -127,7 +131,8 @@ def test_resubmission_after_503_reuses_the_idempotency_key(
 ) -> None:
     a = tmp_path / "a.safetensors"
     write_safetensors(a, b"front-bytes")
-    fake.inject("POST", "/similarity", 503, headers={"Retry-After": "0"})
+    fake.inject("POST", "/similarity", 503, headers={"Retry-After": "0"},
+                body={"error": {"code": "spec_check_busy", "message": "no check answered"}})
     with Client(fake.url, retries=3) as client:
         job = client.compare(a, a)
     posts = fake.calls("POST", "/similarity")
@@ -141,7 +146,7 @@ def test_upload_retry_sends_the_whole_file_again(fake: FakeService, tmp_path: Pa
     data = bytes(range(256)) * 4096  # 1 MiB
     path = tmp_path / "big.safetensors"
     write_safetensors(path, data)
-    fake.inject("POST", "/checkpoints", 502, headers={"Retry-After": "0"})
+    fake.inject("POST", "/checkpoints", 502, headers={"Retry-After": "0"}, proxy=True)
     with Client(fake.url, retries=2) as client:
         stored = client.upload_checkpoint(path)
     posts = fake.calls("POST", "/checkpoints")

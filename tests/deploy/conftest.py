@@ -29,6 +29,7 @@ from tests.deploy.live import (
     wait_for_gpu_workers,
     with_venv_path,
 )
+from tests.environment import missing, postgres_problem
 from tests.fixtures_service import (
     FAST_ENV,
     ServiceHandle,
@@ -73,11 +74,10 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
 @pytest.fixture(scope="module")
 def deployment(s3_server: S3Server, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[Deployment]:
-    pg = postgres_database()
+    pg = postgres_database()  # under CI, no PostgreSQL fails here
     if pg is None:
-        pytest.skip("PostgreSQL on 127.0.0.1:5432 does not answer (.ci/run starts it where "
-                    "installed); the deployment's job table is PostgreSQL, so these tests "
-                    "would prove nothing on SQLite")
+        # The deployment's job table is PostgreSQL: on SQLite these tests would prove nothing.
+        missing("PostgreSQL", postgres_problem() or "no database")
     db_url, drop_db = pg
     redis_url, release_redis = redis_db()
     root = tmp_path_factory.mktemp("deploy")

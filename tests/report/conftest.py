@@ -1,13 +1,13 @@
-"""Shared fixtures of the report tests: a sample report and a headless Chromium."""
+"""Shared fixtures of the report tests: a headless Chromium and a tiny real job."""
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,16 +27,26 @@ def _ensure_importable() -> None:
 
 _ensure_importable()
 
+from tests.environment import chromium_problem, missing  # noqa: E402
 from tests.report.chromium import Chromium, find_chromium  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def chromium() -> Iterator[Chromium]:
+    """A headless Chromium; missing, a failure under CI (.ci/run installs it), else a skip."""
     binary = find_chromium()
-    if binary is None:
-        message = "no chromium binary (Debian: apt-get install -y chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(message)  # CI installs it: a missing browser is a broken setup there
-        pytest.skip(message)
+    problem = chromium_problem(binary)
+    if problem is not None:
+        missing("Chromium", problem)
+    assert binary is not None
     with Chromium(binary) as browser:
         yield browser
+
+
+@pytest.fixture(scope="session")
+def real_job(live_service: Any, ckpts: Any) -> tuple[str, dict[str, Any]]:
+    """(job id, JSON report) of one tiny real job on the live service, shared by the tests
+    that read its page."""
+    from tests.report.realjob import run_tiny_job
+
+    return run_tiny_job(live_service, ckpts)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from stitchsim.models import JobStatus, Progress
@@ -63,16 +64,11 @@ def test_progress_page_in_chromium(page: Page, tmp_path: Path) -> None:
     assert int(refresh) > 0
 
 
-def test_real_job_report_in_chromium(request: pytest.FixtureRequest, page: Page) -> None:
+def test_real_job_report_in_chromium(page: Page, live_service: Any,
+                                     real_job: tuple[str, dict[str, Any]]) -> None:
     """A tiny real job through the service, its page fetched from the service itself."""
-    try:
-        service = request.getfixturevalue("live_service")
-        ckpts = request.getfixturevalue("ckpts")
-    except pytest.FixtureLookupError as exc:
-        pytest.skip(f"live service fixtures not available: {exc.argname}")
-    from tests.report.realjob import run_tiny_job
-
-    job_id, report = run_tiny_job(service, ckpts)
+    service = live_service
+    job_id, report = real_job
     if service.api_key:
         # The browser sends the key as a user's proxy would; the page needs nothing else.
         page.call("Network.setExtraHTTPHeaders",
