@@ -12,6 +12,7 @@ import email.policy
 import hashlib
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,6 +66,11 @@ class FakeService:
     # chance ...), as keyword arguments of make_report.
     report_extra: dict[str, Any] = field(default_factory=dict)
     spec_check: Callable[[dict[str, Any]], Response | None] | None = None
+    # Long-polls as the service answers them: an ETag per status, 304 to an If-None-Match of
+    # the status now (after hold_s, as a long-poll that saw no change). Off: an older service,
+    # which ignores both.
+    etags: bool = False
+    hold_s: float = 0.0
     api_key: str | None = None
     requests: list[Recorded] = field(default_factory=list)
     checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -154,7 +160,7 @@ class FakeService:
         if method == "POST" and route == ["similarity"]:
             return self._submit(headers, body)
         if route[:1] == ["jobs"]:
-            return self._jobs(method, route)
+            return self._jobs(method, route, headers)
         return _error(404, "not_found", f"no such endpoint: {method} {path}")
 
     def _checkpoints(
@@ -196,7 +202,7 @@ class FakeService:
             {"Location": f"/jobs/{job.id}", "Retry-After": "1"},
         )
 
-    def _jobs(self, method: str, route: list[str]) -> Response:
+    def _jobs(self, method: str, route: list[str], headers: dict[str, str]) -> Response:
         if len(route) == 1 and method == "GET":
             items = [self._status(j, advance=False) for j in reversed(self.jobs.values())]
             return _json(200, {"items": items, "next_cursor": None})
@@ -204,7 +210,16 @@ class FakeService:
         if job is None:
             return _error(404, "not_found", f"job {route[1]} not found")
         if len(route) == 2 and method == "GET":
-            return _json(200, self._status(job, advance=True))
+            status = self._status(job, advance=True)
+            if not self.etags:
+                return _json(200, status)
+            shown = {k: v for k, v in status.items() if k != "created_at"}
+            etag = '"' + hashlib.sha256(json.dumps(shown).encode()).hexdigest()[:16] + '"'
+            sent = {k.lower(): v for k, v in headers.items()}.get("if-none-match")
+            if sent == etag:
+                time.sleep(self.hold_s)
+                return 304, {"ETag": etag}, b""
+            return _json(200, status, {"ETag": etag})
         if len(route) == 2 and method == "DELETE":
             job.cancelled = True
             return _json(202, self._status(job, advance=False))
