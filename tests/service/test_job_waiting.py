@@ -9,6 +9,7 @@ the job table, as a worker does; the events and the SDK run a real job on real w
 
 from __future__ import annotations
 
+import random
 import re
 import subprocess
 import threading
@@ -250,6 +251,14 @@ def test_revoked_key_stops_within_the_cache_ttl(service_factory: ServiceFactory,
 # ---------------------------------------------------------------- real jobs
 
 
+def _uncached_spec(epochs: int = 1) -> dict[str, Any]:
+    """A small spec no other test ran (its own seed), so the job computes rather than finding
+    its stitches in the workers' cache, and shows progress for a few seconds."""
+    return {**TINY_SPEC, "train": {**TINY_SPEC["train"], "epochs": epochs,
+                                   "max_train_samples": 1000,
+                                   "seed": random.randrange(1000, 10**6)}}
+
+
 def _events(response: httpx.Response) -> list[tuple[str, JobStatus]]:
     """(id, status) of each event of a finished stream."""
     out: list[tuple[str, JobStatus]] = []
@@ -265,8 +274,8 @@ def _events(response: httpx.Response) -> list[tuple[str, JobStatus]]:
 def test_events_follow_a_real_job_to_succeeded(live_service: ServiceHandle, ckpts: Any) -> None:
     with live_service.client() as c:
         ids = [upload(c, p) for p in (ckpts.digits_resnet, ckpts.digits_resnet_b)]
-        r = c.post("/similarity", json=tiny_spec({"checkpoint": ids[0]},
-                                                 {"checkpoint": ids[1]}))
+        r = c.post("/similarity", json={**_uncached_spec(), "front": {"checkpoint": ids[0]},
+                                        "back": {"checkpoint": ids[1]}})
         assert r.status_code == 202, r.text
         job = r.json()["job_id"]
         t0 = time.monotonic()
@@ -311,7 +320,8 @@ def test_sdk_wait_costs_one_request_per_change(live_service: ServiceHandle,
 
     seen: list[JobStatus] = []
     with Client(live_service.url) as client:
-        job = client.compare(ckpts.digits_resnet, ckpts.digits_resnet_b, spec=TINY_SPEC)
+        job = client.compare(ckpts.digits_resnet, ckpts.digits_resnet_b,
+                             spec=_uncached_spec(epochs=3))
         before = {s: count(s) for s in ("200", "304")}
         t0 = time.monotonic()
         report = job.wait(timeout=300, progress=seen.append)
