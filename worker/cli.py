@@ -44,8 +44,6 @@ def _settings():  # type: ignore[no-untyped-def]
 
 
 GATEWAY_APP = "stitchsim_service.gateway.main:create_app"
-GATEWAY_PROTOCOL = "stitchsim_service.gateway.edge:GuardedProtocol"
-"""uvicorn's HTTP protocol with the edge's header timeout and connection cap."""
 """By import string: the worker side never imports the gateway (nor FastAPI) itself, and
 uvicorn could start several processes of it."""
 
@@ -56,8 +54,11 @@ def _run_gateway(host: str, port: int, log_level: str) -> None:
     settings = _settings()  # flags and environment are applied: the app reads the same
     # Several processes (uvicorn's workers) share the port; the job table is all they share.
     workers = settings.gateway_workers if settings.gateway_workers > 1 else None
+    # Stock uvicorn, public settings only: requests beyond limit_concurrency get its 503 (the
+    # edge limits before a request exists are the reverse proxy's: docs/deploy.md).
     uvicorn.run(GATEWAY_APP, factory=True, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=10, http=GATEWAY_PROTOCOL, workers=workers)
+                timeout_graceful_shutdown=10, workers=workers,
+                limit_concurrency=settings.max_connections)
 
 
 # ---------------------------------------------------------------- serve

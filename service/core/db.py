@@ -6,12 +6,10 @@ The job table is the source of truth about jobs: Celery carries work, not state.
 from __future__ import annotations
 
 import os
-import sqlite3
 import threading
 import time
-from collections import namedtuple
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -200,8 +198,6 @@ class Database:
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
         self.pid = os.getpid()
-        self._sqlite_path = parsed.database if self.is_sqlite else None
-        self._lookups = threading.local()
 
     def create_schema(self) -> None:
         # Several processes start at once (gateway processes, workers): a lost race to create
@@ -227,78 +223,13 @@ class Database:
         with self._write() as session, session.begin():
             yield session
 
-    @property
-    def nonblocking_lookups(self) -> bool:
-        """Whether lookup() may run on an event loop: SQLite in WAL mode, where a read never
-        waits for a writer (and is told so at once in the rare cases it would)."""
-        return bool(self._sqlite_path) and self._sqlite_path != ":memory:"
-
     def lookup(self, table: Table, key: str, by: str | None = None) -> Any:
         """The row of table whose one-column primary key (or unique column `by`) is key, with
         every column as SQLAlchemy's types convert it (attribute access like an ORM row), or
-        None.
-
-        The hottest reads (status polls, API keys): no ORM session, no identity map, no pool
-        checkout. On SQLite it is lookup_raw's row, converted (see there), or where that
-        would wait for a writer, the same select on a pooled connection, as elsewhere."""
-        if self.nonblocking_lookups:
-            try:
-                raw = self.lookup_raw(table, key, by)
-                return None if raw is None else self.row_of(table, raw)
-            except sqlite3.OperationalError:  # busy or locked: the pool's connection waits
-                pass
+        None. A Core select on a pooled connection: no ORM session or identity map for the
+        hottest read (API keys, read again every few seconds)."""
         with self.engine.connect() as conn:
             return conn.execute(_key_select(table, by), {"key": key}).first()
-
-    def lookup_raw(self, table: Table, key: str, by: str | None = None) -> tuple[Any, ...] | None:
-        """SQLite only (nonblocking_lookups): the row as the driver returns it, every column in
-        table order, unconverted; for a caller that can tell from it alone that nothing changed
-        since its last look (row_of converts it). A raw connection per thread in autocommit
-        mode, so each lookup is its own snapshot (sees every commit of any process: nothing
-        stale to expire) and holds no transaction between calls; busy_timeout 0, so on an
-        event loop a lookup never waits (sqlite3.OperationalError instead, for the caller to
-        retry the threaded way)."""
-        conn = getattr(self._lookups, "conn", None)
-        if conn is None or self._lookups.pid != os.getpid():
-            # timeout 0: busy_timeout 0. Only SELECTs run on it.
-            conn = sqlite3.connect(self._sqlite_path, timeout=0, isolation_level=None,
-                                   check_same_thread=False)
-            self._lookups.conn, self._lookups.pid = conn, os.getpid()
-            self._lookups.shm = None  # a forked child's own, once its connection has read
-        raw: tuple[Any, ...] | None = conn.execute(
-            _raw_select(table, self.engine.dialect, by)[0], (key,)).fetchone()
-        if getattr(self._lookups, "shm", None) is None:
-            # Opened only now: the read above has made the shared-memory file exist, and this
-            # connection, held open, keeps any other from resetting it.
-            with suppress(OSError):
-                self._lookups.shm = os.open(self._sqlite_path + "-shm", os.O_RDONLY)
-        return raw
-
-    def lookup_version(self) -> bytes | None:
-        """SQLite only, after a lookup_raw on this thread: a value that differs after any commit
-        of any process, or None when it cannot be told. It is the WAL index header (the first
-        48 bytes of the "-shm" file, kept twice; https://www.sqlite.org/walformat.html), which
-        every writer rewrites at each commit (its change counter, last frame, salts) and every
-        reader consults: a caller that kept what lookup_raw returned may use it again while
-        this is unchanged, for the cost of one pread instead of a read transaction. None
-        while the two copies differ (a writer is between them) or before the first lookup."""
-        # A forked child may read its parent's descriptor: the same file, the same header.
-        fd = getattr(self._lookups, "shm", None)
-        if fd is None:
-            return None
-        try:
-            head = os.pread(fd, 96, 0)
-        except OSError:
-            return None
-        if len(head) < 96 or head[:48] != head[48:]:
-            return None
-        return head[:48]
-
-    def row_of(self, table: Table, raw: tuple[Any, ...]) -> Any:
-        """A row of lookup_raw with every column as SQLAlchemy's types convert it."""
-        _, convert, row_type = _raw_select(table, self.engine.dialect)
-        return row_type(*[f(v) if f is not None and v is not None else v
-                          for f, v in zip(convert, raw, strict=True)])
 
     def ping(self) -> None:
         with self.engine.connect() as conn:
@@ -345,7 +276,6 @@ def _sqlite_pragmas(engine: Engine) -> None:
 
 
 _key_selects: dict[tuple[str, str | None], Any] = {}
-_raw_selects: dict[tuple[str, str | None], tuple[str, list[Any], Any]] = {}
 
 
 def _key_column(table: Table, by: str | None) -> Any:
@@ -363,23 +293,6 @@ def _key_select(table: Table, by: str | None = None) -> Any:
         column = _key_column(table, by)
         stmt = _key_selects[table.name, by] = select(table).where(column == bindparam("key"))
     return stmt
-
-
-def _raw_select(table: Table, dialect: Any, by: str | None = None) -> tuple[str, list[Any], Any]:
-    """SQL, per-column converters and a row type for a raw lookup by the primary key (or the
-    unique column by), all from the table's own definition (a column added to the table is
-    read and converted too)."""
-    hit = _raw_selects.get((table.name, by))
-    if hit is None:
-        column = _key_column(table, by)
-        names = [c.name for c in table.columns]
-        quoted = ", ".join(f'"{n}"' for n in names)
-        sql = f'SELECT {quoted} FROM "{table.name}" WHERE "{column.name}" = ?'
-        convert = [c.type.dialect_impl(dialect).result_processor(dialect, None)
-                   for c in table.columns]
-        row_type = namedtuple(f"{table.name}_row", names)  # type: ignore[misc]
-        hit = _raw_selects[table.name, by] = (sql, convert, row_type)
-    return hit
 
 
 def advisory_lock(session: Session, name: str) -> None:

@@ -5,10 +5,9 @@ in other processes)."""
 from __future__ import annotations
 
 import logging
-from bisect import bisect_left
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import case, func, select
@@ -33,61 +32,16 @@ JOBS_REJECTED = Counter("stitchsim_jobs_rejected_total", "Submissions refused", 
                         registry=REGISTRY)
 UPLOAD_BYTES = Counter("stitchsim_upload_bytes_total", "Bytes of accepted uploads", ["kind"],
                        registry=REGISTRY)
+JOB_WATCH_READS = Counter("stitchsim_job_watch_reads_total",
+                          "Reads of the job table for the clients waiting on jobs (one per "
+                          "interval for all of them, none while nobody waits)",
+                          registry=REGISTRY)
+JOB_WAITERS = Gauge("stitchsim_job_waiters",
+                    "Requests waiting on a job now (long-polls, event streams)",
+                    registry=REGISTRY)
 JOBS_REQUEUED = Counter("stitchsim_jobs_requeued_total",
                         "Jobs the reaper put back after their worker vanished",
                         registry=REGISTRY)
-
-class BatchedAnswers:
-    """One route's 200 answers, counted into REQUESTS and LATENCY as the middleware counts
-    them, but kept in plain numbers and added in one go: at each scrape (flush_batched) and
-    every FLUSH_EVERY answers. The status-poll fast path answers thousands a second, and
-    prometheus_client takes a lock and several calls per sum, bucket and count. add() and
-    flush() must run on one thread (the event loop)."""
-
-    FLUSH_EVERY = 256
-
-    def __init__(self, method: str, route: str):
-        self._count = REQUESTS.labels(method, route, "200")
-        self._latency = LATENCY.labels(method, route)
-        # The child's own bounds and buckets (prometheus_client's Histogram internals, held
-        # to by tests/service/test_gateway_unit.py): observe() picks the first bound >= the
-        # amount, as bisect_left does. A release without them: every answer observed at once.
-        internals = ("_upper_bounds", "_buckets", "_sum")
-        self._direct = not all(hasattr(self._latency, name) for name in internals)
-        self._bounds: list[float] = [] if self._direct else list(self._latency._upper_bounds)
-        self._n, self._sum, self._buckets = 0, 0.0, [0] * len(self._bounds)
-        _BATCHED.append(self)
-
-    def add(self, seconds: float) -> None:
-        if self._direct:
-            self._count.inc()
-            self._latency.observe(seconds)
-            return
-        self._n += 1
-        self._sum += seconds
-        self._buckets[bisect_left(self._bounds, seconds)] += 1
-        if self._n >= self.FLUSH_EVERY:
-            self.flush()
-
-    def flush(self) -> None:
-        if not self._n:
-            return
-        n, total, buckets = self._n, self._sum, self._buckets
-        self._n, self._sum, self._buckets = 0, 0.0, [0] * len(self._bounds)
-        self._count.inc(n)
-        self._latency._sum.inc(total)
-        for bucket, k in zip(self._latency._buckets, buckets, strict=True):
-            if k:
-                bucket.inc(k)
-
-
-_BATCHED: list[BatchedAnswers] = []
-
-
-def flush_batched() -> None:
-    """Add every BatchedAnswers' numbers to the metrics (before a scrape; on the event loop)."""
-    for batch in _BATCHED:
-        batch.flush()
 
 
 DURATION_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 4 * 3600, 24 * 3600)

@@ -103,9 +103,6 @@ class Settings(BaseSettings):
         "keep stored (413 beyond); overridable per key like the job limit")
     quota_retry_after_s: int = Field(
         default=30, ge=1, description="Retry-After sent with 429 when a key has too many jobs")
-    header_timeout_s: float = Field(
-        default=15.0, gt=0, description="a connection's request headers must be complete this "
-        "long after it opens (or after its previous response); else 408 and closed")
     body_read_timeout_s: float = Field(
         default=30.0, gt=0, description="longest wait for the next piece of a request body "
         "(408 beyond; the upload's spool file is removed)")
@@ -117,11 +114,18 @@ class Settings(BaseSettings):
         "(uvicorn workers); they share only the job table and the store")
     access_log_polls: bool = Field(
         default=False, description="write an access line for each answered status poll "
-        "(200 to GET /jobs/{id}); off, polls are only counted in /metrics: they are most of "
-        "the traffic, and the line costs a gateway more CPU than the answer")
+        "(200 or 304 to GET /jobs/{id}, long-polls included); off, polls are only counted in "
+        "/metrics: they are most of the traffic")
     max_connections: int = Field(
-        default=500, ge=1, description="open connections per gateway process; beyond, new "
-        "ones get 503 with Retry-After and are closed")
+        default=500, ge=1, description="uvicorn's --limit-concurrency for each gateway "
+        "process: with this many connections open or requests in flight (long-polls and "
+        "event streams included), a new request gets uvicorn's 503 and its connection is "
+        "closed. Idle and slow connections are bounded by the reverse proxy in front "
+        "(docs/deploy.md)")
+    job_watch_interval_s: float = Field(
+        default=0.5, gt=0, le=10, description="how often a gateway process reads the rows of "
+        "the jobs its clients wait on (long-polls, event streams), in one query for all of "
+        "them; a change shows to a waiting client within this time")
     max_concurrent_uploads: int = Field(
         default=32, ge=1, description="requests with a file body received at once per "
         "gateway process (429 beyond)")

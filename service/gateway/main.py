@@ -6,11 +6,9 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import stitchsim
 from fastapi import FastAPI
-from starlette.types import Receive, Scope, Send
 from stitchsim.models import ErrorBody
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.keys import REDACT_KEYS
@@ -29,24 +27,9 @@ from stitchsim_service.gateway.routers import (
     similarity,
     usage,
 )
+from stitchsim_service.gateway.watch import JobWatcher
 
 log = logging.getLogger("stitchsim.service")
-
-
-class GatewayApp(FastAPI):
-    """The FastAPI app, with status polls answered before its middleware stack when they
-    can be (jobs.StatusPolls: a poll is most of the traffic, the stack most of its cost).
-    The HTTP protocol (edge.GuardedProtocol) finds status_polls here and answers most polls
-    before they even reach the app."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.status_polls = jobs.StatusPolls()  # its ctx is set once the app has started
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and await self.status_polls.answer(scope, send):
-            return
-        await super().__call__(scope, receive, send)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -56,16 +39,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Loggers that print request paths (access lines, unhandled errors); installed here,
         # after uvicorn has configured its loggers.
-        for name in ("uvicorn.access", log.name):
-            logging.getLogger(name).addFilter(REDACT_KEYS)
+        # Polls first: their lines are dropped before the redaction's regexes run on them.
         if not settings.access_log_polls:
             logging.getLogger("uvicorn.access").addFilter(jobs.QUIET_POLLS)
+        for name in ("uvicorn.access", log.name):
+            logging.getLogger(name).addFilter(REDACT_KEYS)
         ctx = Context.open(settings, with_queue=True)
         settings.tmp_dir.mkdir(parents=True, exist_ok=True)
         # Partial uploads of gateways that died mid-upload (this data dir may be shared).
         remove_orphaned_uploads(settings.tmp_dir)
         app.state.ctx = ctx
-        app.status_polls.ctx = ctx  # type: ignore[attr-defined]
+        app.state.watcher = JobWatcher(ctx, settings.job_watch_interval_s)
         COLLECTOR.ctx = ctx
         reaper = Reaper(ctx)
         reaper.start()
@@ -80,10 +64,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            app.status_polls.ctx = None  # type: ignore[attr-defined]
             reaper.stop()
 
-    app = GatewayApp(
+    app = FastAPI(
         title="stitchsim",
         version=stitchsim.__version__,
         description="Functional similarity of neural networks, as a service: stitch one "

@@ -12,6 +12,10 @@ from stitchsim_service.core.metrics import LATENCY, REQUESTS
 
 log = logging.getLogger("stitchsim.service")
 
+METRICS_ROUTE = "stitchsim.metrics_route"
+"""A scope key by which a route names its request otherwise in the metrics (a long-poll is
+counted apart from the plain polls of the same route: its time is mostly waiting)."""
+
 
 class HTTPMiddleware(ABC):
     """Pure ASGI middleware for HTTP requests (no per-request task like BaseHTTPMiddleware);
@@ -52,7 +56,7 @@ class MetricsMiddleware(HTTPMiddleware):
         finally:
             route = scope.get("route")
             # The route template, not the raw path, so job ids do not explode the label space.
-            name = getattr(route, "path", "unmatched")
+            name = scope.get(METRICS_ROUTE) or getattr(route, "path", "unmatched")
             method = scope.get("method", "")
             REQUESTS.labels(method, name, str(status)).inc()
             LATENCY.labels(method, name).observe(time.perf_counter() - start)

@@ -19,6 +19,7 @@ import hashlib
 import io
 import json
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -79,6 +80,11 @@ class FakeService:
     # chance ...), as keyword arguments of make_report.
     report_extra: dict[str, Any] = field(default_factory=dict)
     spec_check: Callable[[dict[str, Any]], Response | None] | None = None
+    # Long-polls as the service answers them: an ETag per status, 304 to an If-None-Match of
+    # the status now (after hold_s, as a long-poll that saw no change). Off: an older service,
+    # which ignores both.
+    etags: bool = False
+    hold_s: float = 0.0
     api_key: str | None = None
     requests: list[Recorded] = field(default_factory=list)
     checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -188,7 +194,7 @@ class FakeService:
         if method == "POST" and route == ["similarity"]:
             return self._submit(headers, body)
         if route[:1] == ["jobs"]:
-            return self._jobs(method, route, path)
+            return self._jobs(method, route, path, headers)
         return _error(404, "not_found", f"no such endpoint: {method} {path}")
 
     def _checkpoints(
@@ -247,7 +253,8 @@ class FakeService:
             {"Location": f"/jobs/{job.id}", "Retry-After": "1"},
         )
 
-    def _jobs(self, method: str, route: list[str], path: str) -> Response:
+    def _jobs(self, method: str, route: list[str], path: str,
+              headers: dict[str, str]) -> Response:
         if len(route) == 1 and method == "GET":
             limit = parse_qs(urlsplit(path).query).get("limit", ["20"])[0]
             if not limit.isdigit() or not 1 <= int(limit) <= 100:
@@ -259,7 +266,16 @@ class FakeService:
         if job is None:
             return _error(404, "not_found", f"job {route[1]} not found")
         if len(route) == 2 and method == "GET":
-            return _json(200, self._status(job, advance=True))
+            status = self._status(job, advance=True)
+            if not self.etags:
+                return _json(200, status)
+            shown = {k: v for k, v in status.items() if k != "created_at"}
+            etag = '"' + hashlib.sha256(json.dumps(shown).encode()).hexdigest()[:16] + '"'
+            sent = {k.lower(): v for k, v in headers.items()}.get("if-none-match")
+            if sent == etag:
+                time.sleep(self.hold_s)
+                return 304, {"ETag": etag}, b""
+            return _json(200, status, {"ETag": etag})
         if len(route) == 2 and method == "DELETE":
             return self._cancel(job)
         if len(route) == 3 and method == "GET":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Any
 
 import pytest
 from stitchsim import Client, file_sha256
@@ -157,6 +158,74 @@ def test_wait_rides_out_a_short_outage(fake: FakeService, files: tuple[Path, Pat
         report = job.wait(timeout=60)
     assert report.job_id == job.id
     assert len(fake.calls("GET", f"/jobs/{job.id}")) >= 4 + 3
+
+
+def _status_polls(fake: FakeService, job_id: str) -> list[Any]:
+    return [r for r in fake.calls("GET", f"/jobs/{job_id}")
+            if r.path.split("?")[0] == f"/jobs/{job_id}"]
+
+
+def _header(recorded: Any, name: str) -> str | None:
+    return {k.lower(): v for k, v in recorded.headers.items()}.get(name.lower())
+
+
+RUNNING = {"state": "running", "progress": {"stage": "train", "done": 1, "total": 2}}
+
+
+def test_wait_long_polls_with_the_etag_and_shows_every_answer(
+    fake: FakeService, files: tuple[Path, Path]
+) -> None:
+    """Against a service with ETags every status request is a long-poll naming the status it
+    has; a 304 (no change within the wait) gives the callback the same status again, and the
+    only pauses are what is left of poll_interval, not a polling schedule."""
+    fake.etags = True
+    fake.states = [{"state": "queued"}, RUNNING, RUNNING,
+                   {"state": "succeeded", "progress": {"stage": "done", "done": 2, "total": 2}}]
+    seen: list[JobStatus] = []
+    pauses: list[float] = []
+    with Client(fake.url) as client:
+        job = client.compare(*files)
+        client.http.sleep = pauses.append
+        job.wait(timeout=60, progress=seen.append)
+    polls = _status_polls(fake, job.id)
+    assert len(polls) == 4
+    assert all("wait=30" in p.path for p in polls)
+    sent = [_header(p, "If-None-Match") for p in polls]
+    assert sent[0] is None and all(sent[1:])
+    assert sent[2] == sent[3]  # the 304 kept the ETag it had
+    assert [s.state for s in seen] == ["queued", "running", "running", "succeeded"]
+    assert seen[1] is seen[2]
+    assert len(pauses) == 3 and all(0 <= p <= 0.5 for p in pauses), pauses
+
+
+def test_a_long_poll_may_outlast_the_read_timeout(
+    fake: FakeService, files: tuple[Path, Path]
+) -> None:
+    """A long-poll answered after 1.5 s by a client whose read timeout is 1 s: the request's
+    own timeout covers the wait it asked for (no outage tolerated: a read timeout fails)."""
+    fake.etags, fake.hold_s = True, 1.5
+    fake.states = [RUNNING, RUNNING, {"state": "succeeded"}]
+    with Client(fake.url, timeout=1.0, retries=0) as client:
+        job = fast(client).compare(*files)
+        report = job.wait(timeout=60, long_poll=2, outage_tolerance=0)
+    assert report.job_id == job.id
+    assert [_header(p, "If-None-Match") is not None for p in _status_polls(fake, job.id)] == [
+        False, True, True]
+
+
+def test_wait_polls_an_older_service_on_a_growing_interval(
+    fake: FakeService, files: tuple[Path, Path]
+) -> None:
+    """No ETag in the answers (a service before long-polls): wait() falls back to polling
+    every poll_interval, growing by half each time up to max_poll_interval."""
+    fake.states = [{"state": "queued"}, RUNNING, RUNNING, RUNNING, {"state": "succeeded"}]
+    pauses: list[float] = []
+    with Client(fake.url) as client:
+        job = client.compare(*files)
+        client.http.sleep = pauses.append
+        job.wait(timeout=60, poll_interval=0.5, max_poll_interval=1.0)
+    assert pauses == [0.5, 0.75, 1.0, 1.0]
+    assert all(_header(p, "If-None-Match") is None for p in _status_polls(fake, job.id))
 
 
 def test_api_key_is_sent_and_a_wrong_one_is_an_auth_error(

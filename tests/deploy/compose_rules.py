@@ -281,8 +281,47 @@ def rule_redis(c: Compose) -> list[str]:
     return problems
 
 
+PROXY_CONFIG = "/etc/nginx/nginx.conf"
+_PROXY_UPSTREAM = re.compile(r"^\s*set \$gateway ([\w.-]+):(\d+);", re.MULTILINE)
+
+
+def rule_proxy(c: Compose) -> list[str]:
+    """Clients reach the gateway through the proxy only (its edge limits would not apply to a
+    published gateway port), with our config mounted, naming the gateway's service and port."""
+    services = c["services"]
+    proxy = services.get("proxy")
+    if proxy is None:
+        return ["no proxy service in front of the gateway"]
+    problems = []
+    gateways = {n: s for n, s in services.items()
+                if command_of(s)[:2] == ["stitchsim-server", "gateway"]}
+    for name, s in gateways.items():
+        if s.get("ports"):
+            problems.append(f"{name}: publishes ports, bypassing the proxy's limits")
+    if not proxy.get("ports"):
+        problems.append("proxy: publishes no port")
+    mounts = [str(v).split(":") for v in proxy.get("volumes") or []]
+    sources = [m[0] for m in mounts if len(m) >= 2 and m[1] == PROXY_CONFIG]
+    if not sources:
+        return [*problems, f"proxy: no config mounted at {PROXY_CONFIG}"]
+    conf = (REPO / sources[0]).resolve()
+    if not conf.is_file():
+        return [*problems, f"proxy: {sources[0]} does not exist"]
+    upstream = _PROXY_UPSTREAM.search(conf.read_text())
+    if upstream is None:
+        return [*problems, f"proxy: {sources[0]} names no gateway (set $gateway host:port;)"]
+    host, port = upstream.group(1), upstream.group(2)
+    if host not in gateways:
+        problems.append(f"proxy: {sources[0]} sends to {host}, not a gateway service")
+    elif env_of(gateways[host]).get("STITCHSIM_PORT", "8000") != port:
+        problems.append(f"proxy: sends to port {port}, the gateway listens on "
+                        f"{env_of(gateways[host]).get('STITCHSIM_PORT', '8000')}")
+    return problems
+
+
 RULES: list[Callable[[Compose], list[str]]] = [
     rule_gpu_devices, rule_healthchecks, rule_env_vars, rule_stitchsim_services, rule_redis,
+    rule_proxy,
 ]
 
 

@@ -38,8 +38,8 @@ def test_compose_file_matches_the_compose_schema(schema: dict[str, Any],
     assert not errors, "\n".join(f"{list(e.path)}: {e.message}" for e in errors)
     # After interpolation too (what Compose validates): defaults filled in.
     assert not list(validator.iter_errors(rules.interpolate(compose)))
-    assert set(compose["services"]) == {"gateway", "worker-gpu", "worker-checks", "redis",
-                                        "postgres", "minio", "store-init"}
+    assert set(compose["services"]) == {"proxy", "gateway", "worker-gpu", "worker-checks",
+                                        "redis", "postgres", "minio", "store-init"}
 
 
 def test_schema_validation_is_not_vacuous(schema: dict[str, Any],
@@ -119,6 +119,13 @@ BROKEN = {
                                 for s in ("gateway", "worker-gpu", "worker-checks")],
                      "names host db, not a service"),
     "no checks worker": (lambda c: c["services"].pop("worker-checks"), "need gpu and checks"),
+    "gateway published": (lambda c: c["services"]["gateway"].update(ports=["8000:8000"]),
+                          "gateway: publishes ports, bypassing the proxy"),
+    "no proxy": (lambda c: c["services"].pop("proxy"), "no proxy service"),
+    "proxy config missing": (lambda c: c["services"]["proxy"].update(
+        volumes=["./deploy/nope.conf:/etc/nginx/nginx.conf:ro"]), "does not exist"),
+    "proxy to another port": (lambda c: _env(c, "gateway").update(STITCHSIM_PORT="9000"),
+                              "sends to port 8000, the gateway listens on 9000"),
 }
 
 

@@ -142,31 +142,35 @@ def test_status_polls_send_the_stored_spec_without_parsing_it() -> None:
     assert listed["items"][0]["spec"] is None and listed["items"][0]["id"] == "a" * 32
 
 
-@pytest.mark.parametrize("direct", [False, True], ids=["batched", "observe fallback"])
-def test_batched_answers_count_as_the_metrics_would(direct: bool) -> None:
-    """BatchedAnswers (the status-poll fast path's metrics) ends with the same request count,
-    histogram buckets and sum as one inc() and observe() per answer, bounds included; and
-    without prometheus_client's histogram internals it observes each answer at once."""
-    from stitchsim_service.core.metrics import LATENCY, REGISTRY, REQUESTS, BatchedAnswers
+def test_if_none_match_uses_the_weak_comparison() -> None:
+    # RFC 9110 13.1.2/13.1.5: a weak tag matches its strong twin for If-None-Match; a list
+    # matches when any tag does; * matches any current status.
+    from stitchsim_service.core import jobs
+    from stitchsim_service.gateway.routers.jobs import etag_matches
 
-    route = f"/unit/{'direct' if direct else 'batched'}"
-    amounts = [0.0003, 0.001, 0.0011, 0.0025, 0.7, 100.0] * 50  # 300: one automatic flush
-    batch = BatchedAnswers("GET", route)
-    if direct:
-        batch._direct = True
-    for a in amounts:
-        batch.add(a)
-    batch.flush()
-    REQUESTS.labels("GET", route + "/ref", "200").inc(len(amounts))
-    for a in amounts:
-        LATENCY.labels("GET", route + "/ref").observe(a)
+    etag = jobs.status_etag(b'{"state":"queued"}')
+    assert etag.startswith('"') and etag.endswith('"') and len(etag) == 34
+    assert etag != jobs.status_etag(b'{"state":"running"}')
+    for header in (etag, f"W/{etag}", f'"x", {etag}', f' W/"y",W/{etag} ', "*", " * "):
+        assert etag_matches(header, etag), header
+    for header in ('"x"', etag[:-2] + '"', f"{etag[1:-1]}", '"x", W/"y"', ""):
+        assert not etag_matches(header, etag), header
 
-    def samples(r: str) -> dict[tuple[str, str], float]:
-        return {(s.name, s.labels.get("le", "")): s.value for m in REGISTRY.collect()
-                for s in m.samples if s.labels.get("route") == r
-                and not s.name.endswith("_created")}
 
-    got, want = samples(route), samples(route + "/ref")
-    assert got and got.keys() == want.keys()
-    assert all(abs(got[k] - want[k]) < 1e-9 for k in want), (got, want)
-    assert got[("stitchsim_http_requests_total", "")] == len(amounts)
+def test_quiet_polls_drop_only_answered_status_polls() -> None:
+    import logging
+
+    from stitchsim_service.gateway.routers.jobs import QuietPolls
+
+    job = "0123456789abcdef" * 2
+
+    def kept(method: str, path: str, status: int) -> bool:
+        record = logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d',
+                                   ("127.0.0.1:1", method, path, "1.1", status), None)
+        return QuietPolls().filter(record)
+
+    for path in (f"/jobs/{job}", f"/jobs/{job}?wait=30"):
+        assert not kept("GET", path, 200) and not kept("GET", path, 304)
+        assert kept("GET", path, 404) and kept("DELETE", path, 200)
+    assert kept("GET", f"/jobs/{job}/events", 200) and kept("GET", f"/jobs/{job}/report", 200)
+    assert kept("GET", "/jobs/" + "g" * 32, 200) and kept("GET", "/jobs", 200)

@@ -141,6 +141,8 @@ OTHER_KEY: dict[tuple[str, str], Check] = {
     ("GET", "/jobs/{job_id}"): _both(_owner_sees, _not_found),
     ("GET", "/jobs/{job_id}/report"): _both(_owner_sees, _not_found),
     ("GET", "/jobs/{job_id}/report.html"): _both(_owner_sees, _not_found),
+    # The owner's stream of a finished job: its last status, then the end.
+    ("GET", "/jobs/{job_id}/events"): _both(_owner_sees, _not_found),
     ("DELETE", "/jobs/{job_id}"): _not_found,
     ("GET", "/checkpoints/{checkpoint_id}"): _both(_owner_sees, _not_found),
     ("DELETE", "/checkpoints/{checkpoint_id}"): _not_found_keeps_it("checkpoint"),

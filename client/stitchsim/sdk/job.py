@@ -1,4 +1,4 @@
-"""A job on the service: its status, waiting for it (polling), its report."""
+"""A job on the service: its status, waiting for it (long-polls), its report."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
+
+import httpx
 
 from stitchsim.errors import (
     Conflict,
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
 
 ProgressArg = bool | Callable[[JobStatus], None]
 _TRANSIENT = (ConnectionFailed, ServiceUnavailable, RateLimited)
+LONG_POLL_S = 30.0
+"""How long one status request may wait for a change (the service caps it at 60 s)."""
 
 
 class Job:
@@ -33,6 +37,7 @@ class Job:
         self.client = client
         self.id = job_id
         self.last_status: JobStatus | None = None
+        self._etag: str | None = None  # of last_status, where the service sends ETags
         self._report_text: str | None = None
 
     def __repr__(self) -> str:
@@ -40,10 +45,7 @@ class Job:
         return f"Job({self.id!r}, state={state!r})"
 
     def status(self) -> JobStatus:
-        self.last_status = JobStatus.model_validate(
-            self.client.http.request("GET", f"/jobs/{self.id}").json()
-        )
-        return self.last_status
+        return self._take(self.client.http.request("GET", f"/jobs/{self.id}"))
 
     def cancel(self) -> JobStatus:
         """Ask the service to stop the job; cancellation is cooperative, so poll to see it end."""
@@ -58,14 +60,23 @@ class Job:
         poll_interval: float = 0.5,
         max_poll_interval: float = 5.0,
         outage_tolerance: float = 300.0,
+        long_poll: float = LONG_POLL_S,
     ) -> Report:
-        """Poll until the job ends; return its report.
+        """Wait until the job ends; return its report.
+
+        Each request is a long-poll: the service answers when the job's state or progress
+        changes, or after `long_poll` seconds without a change (at most 60), so waiting costs
+        about one request per change. `poll_interval` is the least time between two requests
+        (changes within it come as one answer). A service without long-polls (no ETag in its
+        answers: an older one) is polled instead, every `poll_interval` seconds growing to
+        `max_poll_interval`; `long_poll=0` polls any service that way.
 
         Raises JobFailed, JobCancelled, or WaitTimeout after `timeout` seconds (None: no
         limit). While it waits, a service that is briefly unreachable (a gateway restart) is
         tolerated for up to `outage_tolerance` seconds, since jobs outlive the gateway.
         `progress=True` draws a bar on a terminal and prints plain lines otherwise (stderr);
-        a callable receives every JobStatus instead.
+        a callable receives the JobStatus of every answer instead (unchanged ones included,
+        after a long-poll that saw no change).
         """
         printer: ProgressPrinter | None = None
         if progress is True:
@@ -75,12 +86,14 @@ class Job:
             callback = progress or None
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        interval = poll_interval
+        pacing = _Pacing(self.client.http.sleep, deadline, poll_interval, max_poll_interval,
+                         long_poll)
         outage_since: float | None = None
         try:
             while True:
+                pacing.pause()
                 try:
-                    status = self.status()
+                    status = self._next_status(pacing.wait_s())
                     outage_since = None
                 except _TRANSIENT:
                     now = time.monotonic()
@@ -89,8 +102,10 @@ class Job:
                         deadline is not None and now >= deadline
                     ):
                         raise
-                    self.client.http.sleep(_bounded(max_poll_interval, deadline))
+                    pacing.back_off()
                     continue
+                if self._etag is None:
+                    pacing.long_polls = False  # an older service: plain polls
                 if callback is not None:
                     callback(status)
                 if status.state == "succeeded":
@@ -110,11 +125,30 @@ class Job:
                         self.id,
                         status,
                     )
-                self.client.http.sleep(_bounded(interval, deadline))
-                interval = min(max_poll_interval, interval * 1.5)
         finally:
             if printer is not None:
                 printer.close()
+
+    def _next_status(self, wait_s: float) -> JobStatus:
+        """The status, waiting up to wait_s seconds for it to differ from the last one seen
+        (If-None-Match its ETag); the last one again when the service says it is unchanged."""
+        known = self.last_status if self._etag else None
+        headers = {"If-None-Match": self._etag} if known is not None and self._etag else {}
+        params = {"wait": f"{wait_s:.3g}"} if wait_s > 0 else None
+        base = self.client.http.timeout
+        # The read may take the whole wait before a byte comes.
+        read = None if base.read is None else base.read + wait_s
+        limits = httpx.Timeout(connect=base.connect, read=read, write=base.write, pool=base.pool)
+        response = self.client.http.request("GET", f"/jobs/{self.id}", params=params,
+                                            headers=headers, timeout=limits)
+        if response.status_code == 304 and known is not None:
+            return known
+        return self._take(response)
+
+    def _take(self, response: httpx.Response) -> JobStatus:
+        self.last_status = JobStatus.model_validate(response.json())
+        self._etag = response.headers.get("ETag")
+        return self.last_status
 
     def report(self) -> Report:
         """The JSON report; Conflict (409) while the job has not finished."""
@@ -144,3 +178,43 @@ def _bounded(seconds: float, deadline: float | None) -> float:
     if deadline is None:
         return seconds
     return max(0.0, min(seconds, deadline - time.monotonic()))
+
+
+class _Pacing:
+    """When wait() sends its next status request, and how long that one may wait."""
+
+    def __init__(self, sleep: Callable[[float], None], deadline: float | None,
+                 poll_interval: float, max_poll_interval: float, long_poll: float):
+        self.sleep = sleep
+        self.deadline = deadline
+        self.poll_interval = poll_interval
+        self.max_poll_interval = max_poll_interval
+        self.long_poll = long_poll
+        self.long_polls = long_poll > 0
+        self._interval = poll_interval
+        self._last: float | None = None
+        self._failed = False
+
+    def back_off(self) -> None:
+        """The last request found the service unreachable: the next waits max_poll_interval."""
+        self._failed = True
+
+    def pause(self) -> None:
+        """Sleep before the next request: the rest of poll_interval since the last one while
+        long-polling (its answer came at a change), the growing interval while polling, and
+        max_poll_interval after a failure."""
+        if self._failed:
+            self._failed = False
+            self.sleep(_bounded(self.max_poll_interval, self.deadline))
+        elif self._last is not None:
+            if self.long_polls:
+                rest = self.poll_interval - (time.monotonic() - self._last)
+            else:
+                rest = self._interval
+                self._interval = min(self.max_poll_interval, self._interval * 1.5)
+            if rest > 0:
+                self.sleep(_bounded(rest, self.deadline))
+        self._last = time.monotonic()
+
+    def wait_s(self) -> float:
+        return _bounded(self.long_poll, self.deadline) if self.long_polls else 0.0

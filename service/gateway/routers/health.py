@@ -12,7 +12,7 @@ from starlette.responses import Response
 from stitchsim.models import ErrorBody
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.errors import DomainError
-from stitchsim_service.core.metrics import REGISTRY, flush_batched
+from stitchsim_service.core.metrics import REGISTRY
 from stitchsim_service.core.queue import GPU_QUEUE
 from stitchsim_service.core.workers import seen_by_queue, seen_window_s
 from stitchsim_service.gateway.deps import get_ctx
@@ -58,7 +58,6 @@ def readyz(ctx: Context = Depends(get_ctx)) -> JSONResponse:
 
 @router.get("/metrics", summary="Prometheus metrics")
 async def metrics() -> Response:
-    flush_batched()  # on the event loop, where the batches are counted
     # The job figures are read from the table while generating: off the loop.
     text = await run_in_threadpool(generate_latest, REGISTRY)
     return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -1,29 +1,66 @@
-"""GET/DELETE /jobs: status, progress, reports, cancellation."""
+"""GET/DELETE /jobs: status (ETag, long-poll, server-sent events), reports, cancellation.
+
+Waiting for a job: GET /jobs/{id} answers an ETag; sent back as If-None-Match it gets 304
+while the status is the same, and with ?wait=S the answer waits up to S seconds (at most
+MAX_WAIT_S) for the state or progress to change. GET /jobs/{id}/events streams each change.
+Both wait on the process's JobWatcher, which reads the job table once per interval for every
+waiting client together.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import sqlite3
-import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 from anyio import to_thread
-from fastapi import APIRouter, Depends, Query, Response
-from fastapi.responses import HTMLResponse
-from starlette.types import Scope, Send
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi.responses import HTMLResponse, StreamingResponse
 from stitchsim.models import ErrorBody, JobList, JobState, JobStatus, Report
 from stitchsim_service.core import jobs
 from stitchsim_service.core.context import Context
-from stitchsim_service.core.db import JobRow
-from stitchsim_service.core.metrics import BatchedAnswers
+from stitchsim_service.core.errors import NotFoundError
 from stitchsim_service.core.store import is_job_id
-from stitchsim_service.gateway.deps import cached_owner, get_ctx, get_owner, key_from_headers
+from stitchsim_service.gateway.deps import get_ctx, get_owner, get_watcher
+from stitchsim_service.gateway.middleware import METRICS_ROUTE
 from stitchsim_service.gateway.pages import render_job_page
+from stitchsim_service.gateway.watch import JobGone, JobWatcher, Snapshot
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
-_404 = {404: {"model": ErrorBody}}
+_404: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody}}
 _JSON = "application/json"
+_ROUTE = "/jobs/{job_id}"
+_PREFIX = "/jobs/"
+MAX_WAIT_S = 60.0
+"""The longest long-poll; a longer `wait` is cut to it."""
+EVENTS_KEEPALIVE_S = 15.0
+_STATUS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **_404,
+    304: {"description": "If-None-Match names the current status (after `wait` seconds "
+                         "without a change, for a long-poll); no body, the ETag again"},
+}
+
+
+class EventStream(StreamingResponse):
+    media_type = "text/event-stream"
+
+
+_JSON_ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+_EVENTS_RESPONSES: dict[int | str, dict[str, Any]] = {
+    # Errors come before the stream, as JSON (a "model" would be documented as the stream's
+    # media type).
+    **{status: {"description": what, "content": _JSON_ERROR}
+       for status, what in ((401, "Unauthorized"), (404, "Not Found"),
+                            (503, "Service Unavailable"))},
+    200: {"description": "one event per change of state or progress, the first with the "
+                         "status now: `id:` the status's ETag, `data:` the JobStatus as JSON; "
+                         f"a comment line every {EVENTS_KEEPALIVE_S:g} s without a change; "
+                         "the stream ends after the event of a finished job",
+          "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+}
 
 
 @router.get("", response_model=JobList, summary="Your jobs, newest first",
@@ -41,14 +78,53 @@ def list_jobs(
     return Response(jobs.list_json(rows, nxt), media_type=_JSON)
 
 
-@router.get("/{job_id}", response_model=JobStatus, responses=_404, summary="Job status")
-async def get_job(job_id: str, ctx: Context = Depends(get_ctx),
-                  owner: str = Depends(get_owner)) -> Response:
-    # Most polls are answered by StatusPolls before they get here; this is the path for
-    # the rest (a key not seen lately, a busy table, errors), with the same body. A session
-    # read, which waits for a busy table where the fast path's lookup does not.
-    row = await to_thread.run_sync(jobs.get_job, ctx, owner, job_id)
-    return Response(jobs.status_json(row), media_type=_JSON)
+@router.get("/{job_id}", response_model=JobStatus, responses=_STATUS_RESPONSES,
+            summary="Job status; with If-None-Match and wait, a long-poll")
+async def get_job(
+    job_id: str,
+    request: Request,
+    ctx: Context = Depends(get_ctx),
+    owner: str = Depends(get_owner),
+    wait: float | None = Query(
+        None, ge=0, allow_inf_nan=False,
+        description=f"seconds to wait for the status to differ from If-None-Match (at most "
+        f"{MAX_WAIT_S:g}; longer asks are cut to it): the answer comes at once when it differs "
+        "or the job has ended, else at the first change of state or progress (200), else "
+        "after the wait (304)"),
+    if_none_match: str | None = Header(
+        None, description="ETag of the status the client has: 304 while it is current"),
+) -> Response:
+    row = await to_thread.run_sync(jobs.find_job, ctx, owner, job_id)
+    now = Snapshot.of(row)
+    if not if_none_match or not etag_matches(if_none_match, now.etag):
+        return _status(now)
+    if wait and not now.terminal:
+        # A long-poll's time is mostly waiting: its own label keeps the plain polls' latency
+        # readable in /metrics.
+        request.scope[METRICS_ROUTE] = f"{_ROUTE}?wait"
+        try:
+            changed = await _wait_for_change(request, await get_watcher(request), job_id,
+                                             now.etag, min(wait, MAX_WAIT_S))
+        except JobGone:
+            raise NotFoundError("job", job_id) from None
+        if changed is not None:
+            return _status(changed)
+    return Response(status_code=304, headers=_cache_headers(now.etag))
+
+
+@router.get("/{job_id}/events", response_class=EventStream, responses=_EVENTS_RESPONSES,
+            summary="Status changes as server-sent events, until the job ends")
+async def job_events(
+    job_id: str,
+    ctx: Context = Depends(get_ctx),
+    owner: str = Depends(get_owner),
+    watcher: JobWatcher = Depends(get_watcher),
+    last_event_id: str | None = Header(
+        None, description="id of the last event received: the stream resumes after it"),
+) -> EventStream:
+    row = await to_thread.run_sync(jobs.find_job, ctx, owner, job_id)
+    return EventStream(_events(watcher, job_id, Snapshot.of(row), last_event_id),
+                       headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 @router.get("/{job_id}/report", response_model=Report,
@@ -82,129 +158,87 @@ def cancel_job(job_id: str, ctx: Context = Depends(get_ctx),
                     status_code=202 if row.state == "running" else 200)
 
 
-# ---------------------------------------------------------------- the poll fast path
 
-log = logging.getLogger("stitchsim.service")
-_PREFIX = "/jobs/"
-_HEADERS = [(b"content-type", b"application/json")]
+# ---------------------------------------------------------------- waiting for a job
+
+
+def etag_matches(if_none_match: str, etag: str) -> bool:
+    """If-None-Match's weak comparison (RFC 9110 13.1.2): any listed tag, W/ or not, or *."""
+    if if_none_match.strip() == "*":
+        return True
+    return any(tag.strip().removeprefix("W/") == etag for tag in if_none_match.split(","))
+
+
+def _cache_headers(etag: str) -> dict[str, str]:
+    # Each key's own answer, to be revalidated every time: the ETag makes that cheap.
+    return {"ETag": etag, "Cache-Control": "private, no-cache"}
+
+
+def _status(snapshot: Snapshot) -> Response:
+    return Response(snapshot.body, media_type=_JSON, headers=_cache_headers(snapshot.etag))
+
+
+async def _wait_for_change(request: Request, watcher: JobWatcher, job_id: str, etag: str,
+                           seconds: float) -> Snapshot | None:
+    """The job's next status within seconds, else None; also None as soon as the client has
+    gone (its waiter is dropped then, not held to the end of the wait)."""
+    change = asyncio.ensure_future(watcher.changed(job_id, etag, seconds))
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((change, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (change, gone):
+            task.cancel()
+        await asyncio.gather(change, gone, return_exceptions=True)
+    if change.cancelled():
+        return None
+    return change.result()  # JobGone raises here
+
+
+async def _disconnected(request: Request) -> None:
+    # A GET's body is its one empty message; the next receive returns at the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _events(watcher: JobWatcher, job_id: str, now: Snapshot,
+                  last_event_id: str | None) -> AsyncIterator[bytes]:
+    if last_event_id != now.etag:
+        yield _event(now)
+    while not now.terminal:
+        try:
+            changed = await watcher.changed(job_id, now.etag, EVENTS_KEEPALIVE_S)
+        except JobGone:
+            return
+        if changed is None:
+            yield b": keep-alive\n\n"  # proxies close a stream that stays silent
+            continue
+        now = changed
+        yield _event(now)
+
+
+def _event(snapshot: Snapshot) -> bytes:
+    data = b"".join(b"data: " + line + b"\n" for line in snapshot.body.split(b"\n"))
+    return b"id: " + snapshot.etag.encode() + b"\n" + data + b"\n"
+
+
+# ---------------------------------------------------------------- access log
 
 
 class QuietPolls(logging.Filter):
-    """On uvicorn's access logger: drops the lines of answered status polls (200 to GET
-    /jobs/{id}) unless STITCHSIM_ACCESS_LOG_POLLS, so a poll answered by the app or the route
-    is logged as one answered by the protocol (which writes none) is; every other line stays."""
+    """On uvicorn's access logger: drops the lines of answered status polls (200 or 304 to
+    GET /jobs/{id}, long-polls included) unless STITCHSIM_ACCESS_LOG_POLLS; every other line
+    stays."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if not isinstance(args, tuple) or len(args) != 5:
             return True
         _, method, path, _, status = args
-        return not (status == 200 and method == "GET" and isinstance(path, str)
-                    and len(path) == 38 and path.startswith(_PREFIX) and is_job_id(path[6:]))
+        if status not in (200, 304) or method != "GET" or not isinstance(path, str):
+            return True
+        path = path.partition("?")[0]
+        return not (len(path) == 38 and path.startswith(_PREFIX) and is_job_id(path[6:]))
 
 
 QUIET_POLLS = QuietPolls()
-
-
-class StatusPolls:
-    """GET /jobs/{id}, the request pollers repeat, answered before FastAPI's middleware,
-    routing and dependency machinery (most of a poll's CPU): the owner from the key cache,
-    one primary-key read of the job table (on the event loop where it cannot block: SQLite),
-    the body as the route builds it, counted in the same metrics. Two callers: the gateway
-    app (answer(), before its middleware) and, earlier still, the HTTP protocol
-    (edge.GuardedProtocol, which answers a poll from its parsed headers without an ASGI
-    request cycle). Whatever it cannot answer at once (a key not seen lately, no key where
-    one is needed, a job not the caller's, a busy table, any error) goes on to the route,
-    which answers as always: a shortcut for 200s, never a second set of rules.
-
-    Nothing is cached but keys (deps._KeyCache) and, per job, the body last rendered beside
-    the raw row it came from and the table's version then (Database.lookup_version, which any
-    commit of any process changes): a poll reads the row again whenever the table changed
-    since, and reuses the body only for the same row, so every gateway process answers from
-    the same truth and a change shows on the next poll."""
-
-    ROUTE = "/jobs/{job_id}"
-    _MAX_BODIES = 4096  # jobs whose rendered body is kept; beyond it the cache starts afresh
-
-    def __init__(self) -> None:
-        self.ctx: Context | None = None  # the app's, once started
-        self._answered = BatchedAnswers("GET", self.ROUTE)
-        # job id -> (raw row, its owner, the body rendered from it, the table's lookup_version
-        # when the row was read); read and written on the event loop only (answer_now).
-        self._bodies: dict[str, tuple[tuple[object, ...], str, bytes, bytes | None]] = {}
-
-    def count(self, start: float) -> None:
-        """Count an answered poll in the route's metrics (start: its perf_counter)."""
-        self._answered.add(time.perf_counter() - start)
-
-    async def answer(self, scope: Scope, send: Send) -> bool:
-        """True when the poll was answered here; False: pass it on, nothing was sent."""
-        ctx = self.ctx
-        path = scope["path"]
-        if (len(path) != 38 or scope["method"] != "GET" or not path.startswith(_PREFIX)
-                or scope.get("query_string") or ctx is None):
-            return False
-        start = time.perf_counter()
-        client = scope.get("client")
-        key = key_from_headers(scope["headers"])
-        if ctx.db.nonblocking_lookups:
-            body = self.answer_now(ctx, path[len(_PREFIX):], key, client[0] if client else None)
-        else:
-            body = await self._threaded_body(ctx, path[len(_PREFIX):], key,
-                                             client[0] if client else None)
-        if body is None:
-            return False
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [*_HEADERS, (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
-        self.count(start)
-        return True
-
-    def answer_now(self, ctx: Context, job_id: str, key: str | None,
-                   client: str | None) -> bytes | None:
-        """The body of a poll of job_id, read without waiting (SQLite: the caller checked
-        ctx.db.nonblocking_lookups), or None: the route decides. On the event loop."""
-        if not is_job_id(job_id):
-            return None
-        owner = cached_owner(ctx, key, client)
-        if owner is None:
-            return None
-        table = JobRow.__table__
-        hit = self._bodies.get(job_id)
-        # Read before the row: a commit after it, even one the row read below sees, makes the
-        # next poll read again.
-        version = ctx.db.lookup_version()
-        if hit is not None and version is not None and hit[3] == version:
-            return hit[2] if hit[1] == owner else None
-        try:
-            raw = ctx.db.lookup_raw(table, job_id)  # type: ignore[arg-type]
-            if raw is None:
-                return None
-            if hit is not None and hit[0] == raw:
-                self._bodies[job_id] = (raw, hit[1], hit[2], version)
-                return hit[2] if hit[1] == owner else None
-            row = ctx.db.row_of(table, raw)  # type: ignore[arg-type]
-            body = jobs.status_json(row)
-        except sqlite3.OperationalError as exc:  # busy or locked: the route waits for it
-            log.debug("status poll of %s goes the threaded way: %s", job_id, exc)
-            return None
-        except Exception:  # the route reports it (503 for a job table that is down)
-            log.debug("status poll of %s goes the threaded way", job_id, exc_info=True)
-            return None
-        if len(self._bodies) >= self._MAX_BODIES:
-            self._bodies.clear()
-        self._bodies[job_id] = (raw, row.owner, body, version)
-        # find_job's rule: another owner's job is not found (the route answers 404).
-        return body if row.owner == owner else None
-
-    async def _threaded_body(self, ctx: Context, job_id: str, key: str | None,
-                             client: str | None) -> bytes | None:
-        owner = cached_owner(ctx, key, client)
-        if owner is None or not is_job_id(job_id):
-            return None
-        try:
-            row = await to_thread.run_sync(jobs.find_job, ctx, owner, job_id)
-            return jobs.status_json(row) if row is not None else None
-        except Exception:  # the route reports it (503 for a job table that is down)
-            log.debug("status poll of %s goes the threaded way", job_id, exc_info=True)
-        return None
