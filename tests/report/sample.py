@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from stitchsim import catalogue
 from stitchsim.models import (
     DIRECTIONS,
-    PROTOCOLS,
     Direction,
     IRIStats,
     ModelSummary,
@@ -152,7 +152,7 @@ def make_sample_report(threshold: float | None = 0.75, shift: float = 0.0,
         extra = 0.0 if direction == "front_to_back" else 0.015
         for k, (fl, bl) in enumerate(pairs):
             for objective in OBJECTIVES:
-                for protocol in PROTOCOLS[:2]:  # standard, invariance-aware
+                for protocol in catalogue.drop_protocols():  # standard, invariance-aware
                     results.append(_row(direction, k, len(pairs), objective, protocol, fl, bl,
                                         shift + extra))
         controls += _controls(direction, pairs)

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from stitchsim import catalogue
 from stitchsim.models import Spec
 from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
 from stitchsim_worker.engine.device import pick_device
@@ -96,7 +97,8 @@ def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | N
     a spec asking for huge inputs (input_size, img_size) or feature maps is refused before
     any worker allocates a batch of them."""
     batch = max(EVAL_BATCH, spec.train.batch_size,
-                spec.iri.batch_size if "invariance_aware" in spec.protocols else 0)
+                spec.iri.batch_size if catalogue.PROTOCOLS.any_of(spec.protocols, uses_iris=True)
+                else 0)
     worst, where = 0, ""
     for net in nets:
         for name, t in net.traces.items():

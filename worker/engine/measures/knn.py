@@ -60,9 +60,5 @@ def _knn_compare(xs: list[Neighbours], ys: list[Neighbours], _settings: MeasureS
     return float(torch.cat(scores).mean()), boot
 
 
-register_measure(MeasureEntry(
-    name="mutual_knn", label="mutual k-NN alignment",
-    description="mean share of each sample's k nearest neighbours (cosine, within its "
-    "mini-batch) that both representations agree on; 1 when the neighbourhoods match",
-    prepare=_knn_prepare, compare=_knn_compare,
-))
+# Cosine neighbours within each mini-batch; 1 when the neighbourhoods match.
+register_measure(MeasureEntry(name="mutual_knn", prepare=_knn_prepare, compare=_knn_compare))

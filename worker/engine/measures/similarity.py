@@ -9,8 +9,11 @@ size); only g_j on the test split is one extra pass per stitch pair. Without tha
 or with `iri_split: "test"`, the IRIs are made through the protocol's own entry (same cache).
 
 Every measure works on mini-batches of a fixed, seeded partition of the samples, so memory
-stays bounded on large test sets, and reports a 95% bootstrap interval over samples. Adding a
-measure is one `register_measure` call plus its name in the contract's `Measure`.
+stays bounded on large test sets, and reports a 95% bootstrap interval over samples. What a
+measure is called is its catalogue entry's (stitchsim.catalogue.MEASURES); adding a measure
+is its catalogue entry plus one `register_measure` call (in a module imported by this
+package's __init__, or by a plug-in), under the same name: the job, the report, the page and
+the table take it from there.
 """
 
 from __future__ import annotations
@@ -52,8 +55,6 @@ class Batching:
 @dataclass(frozen=True)
 class MeasureEntry:
     name: Measure
-    label: str
-    description: str
     prepare: Callable[[torch.Tensor, torch.Tensor, MeasureSettings], Any]
     """(one mini-batch of one representation, flattened, float64; its resampling weights;
     settings) -> what comparisons with another representation need."""

@@ -69,10 +69,6 @@ def _cross_task_test(ctx: JobContext, cut: Cut) -> Split:
 
 
 register_protocol(ProtocolEntry(
-    name="cross_task", label="cross-task pairing",
-    description="front and back models of different tasks: T is trained with the front "
-    "model's own images and hard labels paired into the back model's classes; it measures "
-    "compatibility, not shared meaning (read it against the clustered-noise floor)",
-    train_split=_cross_task_train, cost=extraction_units, test_split=_cross_task_test,
-    in_controls=False,
+    name="cross_task", train_split=_cross_task_train, cost=extraction_units,
+    test_split=_cross_task_test,
 ))
