@@ -30,10 +30,18 @@ class PlotStyle:
     def as_kwargs(self) -> dict[str, str]:
         return {"color": self.color, "linestyle": self.linestyle, "marker": self.marker}
 
+    def in_words(self) -> str:
+        """"blue, solid": how a legend in prose names the series."""
+        return f"{COLOR_NAMES.get(self.color, self.color)}, {LINE_NAMES.get(self.linestyle, '')}"
+
 
 # Okabe & Ito's palette.
 BLUE, VERMILLION, GREEN, ORANGE = "#0072B2", "#D55E00", "#009E73", "#E69F00"
 PURPLE, SKY, YELLOW, GREY, BLACK = "#CC79A7", "#56B4E9", "#F0E442", "#6E6E6E", "#000000"
+COLOR_NAMES = {BLUE: "blue", VERMILLION: "vermillion", GREEN: "green", ORANGE: "orange",
+               PURPLE: "purple", SKY: "sky blue", YELLOW: "yellow", GREY: "grey",
+               BLACK: "black"}
+LINE_NAMES = {"-": "solid", "--": "dashed", "-.": "dash-dotted", ":": "dotted"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,10 @@ class BandStyle:
     color: str
     label: str
     hatch: str | None = None
+
+    def in_words(self) -> str:
+        """"grey hatched band": how a legend in prose names the band."""
+        return f"{COLOR_NAMES.get(self.color, self.color)}{' hatched' if self.hatch else ''} band"
 
 
 @dataclass(frozen=True)

@@ -181,8 +181,8 @@ def format_table(report: Report) -> str:
         if weaker:
             lines.append("weaker conditional on IRIs: " + ", ".join(
                 f"{m} {DIRECTION_ASCII[d]}" for m, d in weaker.items()))
-    lines += _notes("warnings", report.warnings)
-    reason = view.verdict_reason(report)
+    lines += _notes("warnings", view.warnings(report))
+    reason = report.verdict_reason
     if reason:
         lines += _notes("no verdict, because", [reason])
     lines += _notes("verdict caveats", report.verdict_caveats)

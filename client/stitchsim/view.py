@@ -11,7 +11,6 @@ here computes a summary. Standard library and contract only.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -258,14 +257,6 @@ class VerdictView:
     caveats: list[str]
 
 
-def verdict_reason(report: Report) -> str | None:
-    """The engine's reason for withholding the verdict, without a "no verdict:" lead-in of
-    its own (every rendering says that in its own words)."""
-    if report.verdict_reason is None:
-        return None
-    return re.sub(r"^\s*no verdict\s*[:,;-]\s*", "", report.verdict_reason, flags=re.IGNORECASE)
-
-
 def verdict_view(report: Report) -> VerdictView:
     s = report.summary
     meaning = (
@@ -276,7 +267,7 @@ def verdict_view(report: Report) -> VerdictView:
     )
     caveats = list(report.verdict_caveats)
     if report.verdict is None:
-        reason = verdict_reason(report)
+        reason = report.verdict_reason
         why = (reason or "the spec set no threshold").rstrip(".")
         return VerdictView("none", f"No verdict: {why}. The similarity is {s.similarity:.3f}. "
                            + meaning, reason, caveats)
@@ -298,15 +289,14 @@ def no_verdict_despite_threshold(report: Report) -> bool:
 # ------------------------------------------------------------------ the models' inputs
 
 
-def near_chance_message(role: str, m: ModelSummary) -> str:
-    chance = f" (chance: {fmt(m.chance_accuracy)})" if m.chance_accuracy is not None else ""
-    return (f"The {role} model ({m.arch}) predicts at chance on this dataset: accuracy "
-            f"{fmt(m.accuracy)}{chance}. Its figures say nothing about the model; check the "
-            "dataset, its arch_kwargs (num_classes, in_chans) and its preprocessing.")
-
-
 def near_chance_messages(report: Report) -> list[str]:
-    return [near_chance_message(role, m) for role, m in models(report) if m.near_chance]
+    """The engine's warning for each model at chance, as it wrote it."""
+    return [m.chance_warning for _, m in models(report) if m.chance_warning]
+
+
+def warnings(report: Report) -> list[str]:
+    """Every warning of the report: the models' at chance first, then the job's."""
+    return [*near_chance_messages(report), *report.warnings]
 
 
 def preprocess_text(p: PreprocessInfo) -> str:

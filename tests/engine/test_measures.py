@@ -9,8 +9,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from stitchsim.failure import Failure
 from stitchsim.models import MeasureSettings
-from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.measures.knn import knn_overlap
 from stitchsim_worker.engine.measures.similarity import MEASURES as REGISTRY
 from stitchsim_worker.engine.measures.similarity import (
@@ -201,7 +201,7 @@ def test_mutual_knn_of_identical_rotated_and_unrelated_inputs() -> None:
 
 def test_mutual_knn_asks_for_more_samples_than_neighbours() -> None:
     x, y = _data(8, 4, 4, noise=1.0, seed=13)
-    with pytest.raises(SpecError, match="knn_k"):
+    with pytest.raises(Failure, match="knn_k"):
         mutual_knn([_t(x)], [_t(y)], SETTINGS, 0)
 
 

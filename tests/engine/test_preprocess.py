@@ -131,7 +131,8 @@ def test_candidates_are_the_architecture_config_plain_pixels_and_half() -> None:
 def test_images_too_small_for_any_model_are_refused_with_what_to_do(
     plain: tuple[Path, float], tmp_path: Path
 ) -> None:
-    from stitchsim_worker.engine import Resources, SpecError, check_spec
+    from stitchsim.failure import Failure
+    from stitchsim_worker.engine import Resources, check_spec
 
     g = torch.Generator().manual_seed(0)
     tiny = tmp_path / "tiny.safetensors"
@@ -143,7 +144,7 @@ def test_images_too_small_for_any_model_are_refused_with_what_to_do(
     }, str(tiny))
     path, _ = plain
     s = spec(path, path, dataset={"path": str(tiny)}, layers=layers("layer2"))
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(Failure) as e:
         check_spec(s, resources=Resources(cache_dir=tmp_path))
     assert e.value.code == "images_too_small"
     assert "1x1 px" in e.value.message and "front.input_size" in e.value.message

@@ -21,7 +21,12 @@ from stitchsim.models import (
     ResultRow,
     Spec,
 )
-from stitchsim_worker.engine.measures.summary import summarise, verdict_caveats, withheld
+from stitchsim_worker.engine.measures.summary import (
+    chance_warning,
+    summarise,
+    verdict_caveats,
+    withheld,
+)
 from stitchsim_worker.engine.measures.summary import verdict as engine_verdict
 
 __all__ = ["make_sample_report", "summarise"]
@@ -120,6 +125,8 @@ def _models(front_arch: str, back_arch: str, front_layers: tuple[str, ...],
         preprocess=PreprocessInfo(name="inception", input_size=32, mean=(0.5,) * 3,
                                   std=(0.5,) * 3, source="metadata",
                                   note="mean and std from the checkpoint's __metadata__"))
+    # The engine's warning, as it writes it into a model's summary.
+    back.chance_warning = chance_warning(back, "back", "digits")
     return front, back
 
 
@@ -159,8 +166,6 @@ def make_sample_report(threshold: float | None = 0.75, shift: float = 0.0,
     summary = summarise(spec, results)
     front, back = _models(front_arch, back_arch, front_layers, back_layers, spec, near_chance)
     reason = withheld(spec, front, back)
-    if near_chance:
-        warnings = [*(warnings or []), "THE BACK MODEL IS AT CHANCE: resnet26 scores 0.098"]
     return Report(
         job_id="job_0123456789abcdef", spec=spec, front=front, back=back,
         dataset={"name": "digits", "n_train": 1437, "n_test": 360, "n_classes": 10,

@@ -168,18 +168,30 @@ def _dataset_table(dataset: dict[str, Any]) -> str:
     return "<h3>Dataset</h3>" + table([Col("field"), Col("value")], rows, "dataset-table")
 
 
+def _legend_in_words(report: Report) -> str:
+    """What each line and band of the agreement plots is, in the catalogue's styles and words."""
+    parts = []
+    for name in view.protocols(report.results):
+        entry = PROTOCOLS.get(name)
+        if entry is not None:
+            parts.append(f"<strong>{esc(entry.style.in_words().capitalize())}:</strong> "
+                         f"{esc(entry.label)} protocol ({esc(entry.description)}).")
+    for control in catalogue.CONTROLS:
+        if control.band is not None:
+            parts.append(f"<strong>{esc(control.band.in_words().capitalize())}:</strong> "
+                         f"{esc(control.band.label)} ({esc(control.description)}).")
+    baseline, iri = (esc(PROTOCOLS.label(p)) for p in catalogue.drop_protocols())
+    parts.append(f"The gap between the {baseline} and the {iri} line is the functional "
+                 f"difference the {baseline} protocol hides; a score near the floor says little.")
+    return " ".join(parts)
+
+
 def agreement_section(report: Report, plots: Sequence[Plot]) -> str:
     intro = (
         "<p>How well the stitched model's predictions agree with those of the model it ends "
         "in (the end model), at each "
         "stitch point from shallow to deep; shaded around each line: its confidence interval. "
-        "<strong>Blue, solid:</strong> standard protocol (the stitch is trained on real "
-        "images). <strong>Vermillion, dashed:</strong> invariance-aware protocol (the stitch "
-        "is trained on inputs the front model cannot tell apart from real ones); the gap "
-        "between the two is the functional difference the standard protocol hides. "
-        "<strong>Green band:</strong> identity ceiling (the end model stitched into itself). "
-        "<strong>Grey hatched band:</strong> clustered-noise floor (what inputs with no "
-        "information but class clusters already reach); a score near it says little.</p>"
+        f"{_legend_in_words(report)}</p>"
     )
     figures = "".join(
         _figure(p, esc(view.direction_title(report, d)) + ".")

@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+from stitchsim.failure import Failure
 from stitchsim.models import (
     MeasureSettings,
 )
-from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.measures.similarity import (
     MeasureEntry,
     register_measure,
@@ -26,9 +26,10 @@ class Neighbours:
 def nearest(z: torch.Tensor, k: int) -> torch.Tensor:
     """Each row's k nearest rows by cosine similarity, itself excluded."""
     if len(z) <= k:
-        raise SpecError(
+        raise Failure(
+            "invalid_spec",
             f"mutual_knn needs more than knn_k={k} samples per mini-batch, but a batch holds "
-            f"{len(z)}; lower measure_settings.knn_k or use more test samples"
+            f"{len(z)}; lower measure_settings.knn_k or use more test samples",
         )
     zn = torch.nn.functional.normalize(z, dim=1)
     sim = zn @ zn.T

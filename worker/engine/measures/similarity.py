@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from stitchsim.failure import Failure
 from stitchsim.models import (
     Measure,
     MeasureSettings,
 )
-from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.measures.metrics import BOOTSTRAP_RESAMPLES
 from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.stitching.bank import Bank
@@ -70,7 +70,7 @@ def batching(n: int, batch_size: int, seed: int, device: torch.device) -> Batchi
     """The partition (no runt batch: the unbiased HSIC needs 4 samples, k-NN more than k; a
     shuffle, so class-sorted data mixes) and the bootstrap multiplicities per batch."""
     if n < 4:
-        raise SpecError(f"the measures need at least 4 samples, got {n}")
+        raise Failure("invalid_spec", f"the measures need at least 4 samples, got {n}")
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(n, generator=gen)
     batches = [b.sort().values for b in order.tensor_split(math.ceil(n / batch_size))]
@@ -81,10 +81,6 @@ def batching(n: int, batch_size: int, seed: int, device: torch.device) -> Batchi
         w = torch.zeros(BOOTSTRAP_RESAMPLES, m, dtype=torch.float32)
         weights.append(w.scatter_add_(1, idx, torch.ones_like(w)).to(device))
     return Batching(batches, weights)
-
-
-def partition(n: int, batch_size: int, seed: int) -> list[torch.Tensor]:
-    return batching(n, batch_size, seed, torch.device("cpu")).batches
 
 
 Source = Bank | torch.Tensor  # per-sample rows of any shape, indexable by sample indices

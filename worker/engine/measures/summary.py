@@ -151,8 +151,28 @@ def verdict(summary: Summary) -> Verdict | None:
     return "similar" if summary.similarity >= summary.threshold else "dissimilar"
 
 
+def chance_warning(m: ModelSummary, where: str, dataset: str) -> str | None:
+    """The warning a model at chance gets (in its summary, the one place it is written)."""
+    if not m.near_chance:
+        return None
+    pre = m.preprocess
+    tried = ""
+    if pre is not None and pre.candidates:
+        tried = " under every preprocessing tried (" + ", ".join(
+            f"{c.name} {c.accuracy:.2f}" for c in pre.candidates) + ")"
+    chance = f" (chance {m.chance_accuracy:.3f})" if m.chance_accuracy is not None else ""
+    return (
+        f"THE {where.upper()} MODEL IS AT CHANCE: {m.arch} scores {m.accuracy:.3f} on "
+        f"{dataset}{chance}{tried}, so every figure of this job is computed on a model that "
+        f"does not solve the task. Check that the dataset is the one it was trained on, that "
+        f"arch_kwargs match its training code, and its preprocessing ({where}.mean/std or "
+        f"{where}.preprocess)."
+    )
+
+
 def withheld(spec: Spec, front: ModelSummary, back: ModelSummary) -> str | None:
-    """Why no verdict may be given although a threshold was asked for; None when it may."""
+    """Why no verdict may be given although a threshold was asked for (a clause: renderings
+    lead in with "no verdict" in their own words); None when it may."""
     if spec.threshold is None:
         return None
     at_chance = [w for w, m in (("front", front), ("back", back)) if m.near_chance]
@@ -161,7 +181,7 @@ def withheld(spec: Spec, front: ModelSummary, back: ModelSummary) -> str | None:
     models = {"front": front, "back": back}
     which = " and ".join(f"the {w} model ({models[w].arch})" for w in at_chance)
     return (
-        f"no verdict: {which} scores at chance on this dataset, so agreement with it means "
+        f"{which} scores at chance on this dataset, so agreement with it means "
         "nothing; check the dataset, the arch_kwargs and the preprocessing (mean/std or "
         "preprocess) of that model"
     )
