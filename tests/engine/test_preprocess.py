@@ -112,7 +112,10 @@ def test_a_model_at_chance_is_flagged_and_gets_no_verdict(
                       threshold=0.5), tmp_path)
     assert report.front.near_chance and report.back.near_chance
     assert report.front.chance_accuracy == pytest.approx(0.1)
-    assert any("FRONT MODEL IS AT CHANCE" in w for w in report.warnings)
+    # Written once, by the engine, in the model's summary (not again among the job's warnings).
+    assert report.front.chance_warning is not None
+    assert report.front.chance_warning.startswith("THE FRONT MODEL IS AT CHANCE")
+    assert not any("AT CHANCE" in w for w in report.warnings)
     assert report.verdict is None
     assert report.verdict_reason is not None and "chance" in report.verdict_reason
     assert "preprocessing" in report.verdict_reason
