@@ -97,9 +97,9 @@ class _TracebacksToFile(logging.Filter):
 
 
 def run_command(args: argparse.Namespace) -> int:
+    from stitchsim.failure import Failure
     from stitchsim.table import format_table
-    from stitchsim_worker.engine import Resources, SpecError, run_job
-    from stitchsim_worker.engine.errors import EngineFailure
+    from stitchsim_worker.engine import Resources, run_job
 
     try:
         spec = load_spec(args.spec)
@@ -116,14 +116,11 @@ def run_command(args: argparse.Namespace) -> int:
     engine_log.addFilter(tracebacks)
     try:
         report = run_job(spec, resources=Resources(cache_dir=args.cache_dir), progress=bar)
-    except SpecError as e:
+    except Failure as e:
         bar.close()
         print(f"error: {e.message}", file=sys.stderr)
-        return EXIT_USAGE
-    except EngineFailure as e:
-        bar.close()
-        print(f"error: {e.message}", file=sys.stderr)
-        return EXIT_FAILED
+        # The registry says whose fault: the spec's (fix it) or ours (report it).
+        return EXIT_USAGE if e.entry is not None and e.entry.user_fault else EXIT_FAILED
     finally:
         engine_log.removeFilter(tracebacks)
     bar.close()
@@ -138,11 +135,12 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def points_command(args: argparse.Namespace) -> int:
-    from stitchsim_worker.engine import SpecError, list_stitch_points
+    from stitchsim.failure import Failure
+    from stitchsim_worker.engine import list_stitch_points
 
     try:
         points = list_stitch_points(args.arch, json.loads(args.kwargs))
-    except (SpecError, json.JSONDecodeError) as e:
+    except (Failure, json.JSONDecodeError) as e:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE
     print("\n".join(points["all"] if args.all else points["stages"]))

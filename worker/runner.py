@@ -11,6 +11,7 @@ import time
 import traceback
 from typing import Any
 
+from stitchsim.failure import Failure
 from stitchsim.models import Progress, Spec
 from stitchsim_service.core import jobs
 from stitchsim_service.core.context import Context
@@ -30,10 +31,7 @@ def make_resources(ctx: Context) -> Any:
             try:
                 return ctx.store.local_path(object_key(kind, ref), cache)
             except (FileNotFoundError, ValueError):
-                from stitchsim_worker.engine import SpecError
-
-                raise SpecError(f"{kind[:-1]} {ref} is not in the store", code="not_found"
-                                ) from None
+                raise Failure("not_found", f"{kind[:-1]} {ref} is not in the store") from None
         return path
 
     # Service jobs name stored objects only: a path in a spec must never reach the disk.
@@ -52,6 +50,11 @@ def _jsonable(value: Any) -> Any:
         return str(value)
 
 
+def _carried(failure: Failure) -> Failure:
+    """The failure as JSON can carry it (the check task's result, the job table's columns)."""
+    return Failure(failure.code, failure.message, _jsonable(failure.details))
+
+
 def estimate_of(ctx: Context, units: int, expected: int) -> dict[str, Any]:
     """A job's estimate as the contract's Estimate: its units (the budget, IRIs at their cap),
     and the seconds its expected units take at the calibrated rate."""
@@ -59,33 +62,37 @@ def estimate_of(ctx: Context, units: int, expected: int) -> dict[str, Any]:
 
 
 def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
-    """{"estimate": Estimate} when the spec can run; else {"error": the 422 the gateway
-    answers with}."""
-    from stitchsim_worker.engine import SpecError, check_spec
+    """{"estimate": Estimate} when the spec can run; else {"failure": the engine's Failure as
+    a dict}, which the gateway raises again as it is (service/core/queue.py CheckOutcome)."""
+    from stitchsim_worker.engine import check_spec
 
     spec = Spec.model_validate(spec_doc)
     try:
         checked = check_spec(spec, resources=make_resources(ctx))
-    except SpecError as exc:
-        details = _jsonable(exc.details)
-        message = exc.message
-        if exc.code == "job_too_large" and isinstance(details, dict) and "units" in details:
-            est = estimate_of(ctx, int(details["units"]),
-                              int(details.get("expected_units", details["units"])))
-            details = {**details, "estimate": est}
-            message += (f" (estimate: about {est['seconds']:,.0f} s of worker time, at "
-                        f"{ctx.settings.seconds_per_unit:g} s a unit)")
-        return {"error": {"code": exc.code, "message": message, "details": details}}
+    except Failure as failure:
+        return {"failure": _carried(_with_estimate(ctx, failure)).as_dict()}
     except MemoryError:
         # The check's own address-space limit (STITCHSIM_CHECK_MEMORY_BYTES) stopped it: the
         # spec asks for more than the estimates caught, and far more than a job may use.
         limit = ctx.settings.check_memory_bytes
-        return {"error": {"code": "job_too_large",
-                          "message": "checking this spec ran out of the spec check's memory "
-                                     f"limit ({limit:,} bytes, STITCHSIM_CHECK_MEMORY_BYTES); "
-                                     "use smaller models, inputs or datasets",
-                          "details": {"check_memory_bytes": limit}}}
+        return {"failure": Failure(
+            "job_too_large", "checking this spec ran out of the spec check's memory limit "
+            f"({limit:,} bytes, STITCHSIM_CHECK_MEMORY_BYTES); use smaller models, inputs or "
+            "datasets", {"check_memory_bytes": limit}).as_dict()}
     return {"estimate": estimate_of(ctx, checked.units, checked.expected_units)}
+
+
+def _with_estimate(ctx: Context, failure: Failure) -> Failure:
+    """A job over the budget, with the seconds its units would take at this service's rate."""
+    details = failure.details
+    if failure.code != "job_too_large" or not isinstance(details, dict) or "units" not in details:
+        return failure
+    est = estimate_of(ctx, int(details["units"]),
+                      int(details.get("expected_units", details["units"])))
+    return Failure(failure.code,
+                   f"{failure.message} (estimate: about {est['seconds']:,.0f} s of worker time, "
+                   f"at {ctx.settings.seconds_per_unit:g} s a unit)",
+                   {**details, "estimate": est})
 
 
 class _Tracker:
@@ -161,36 +168,35 @@ def execute_job(ctx: Context, job_id: str, worker: str) -> str:
     log.info("job %s: attempt %d on %s", job_id, claim.attempt, worker)
     tracker = _Tracker(ctx, claim)
     tracker.start()
-    outcome: dict[str, Any]
     try:
         outcome = _run_engine(ctx, claim, tracker)
     finally:
         tracker.stop()
-    state = outcome.pop("state")
-    if state == "failed" and tracker.should_cancel():
+    if outcome.state == "failed" and tracker.should_cancel():
         # The user asked to stop and it stopped: whatever the interrupted stage raised on its
         # way out, the job ends as the user meant it to.
-        log.info("job %s: cancelled (stopped with %s)", job_id, outcome.get("error_code"))
-        state, outcome = "cancelled", {}
-    if not jobs.finish(ctx, claim, state, **outcome):
+        code = outcome.failure.code if outcome.failure else None
+        log.info("job %s: cancelled (stopped with %s)", job_id, code)
+        outcome = jobs.CANCELLED
+    if not jobs.finish(ctx, claim, outcome):
         log.warning("job %s: attempt %d was superseded; outcome %s dropped", job_id,
-                    claim.attempt, state)
+                    claim.attempt, outcome.state)
         return "superseded"
-    log.info("job %s: %s", job_id, state)
-    return state
+    log.info("job %s: %s", job_id, outcome.state)
+    return outcome.state
 
 
-def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> dict[str, Any]:
+def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> jobs.Outcome:
     try:
-        from stitchsim_worker.engine import JobCancelled, SpecError, run_job
+        from stitchsim_worker.engine import JobCancelled, run_job
     except Exception as exc:
         # A time limit can run out while the engine (torch) is still being imported.
         known = _host_failure(ctx, exc)
         if known is not None:
-            return known
+            return jobs.Outcome.failed(known)
         log.exception("the engine cannot be imported")
-        return {"state": "failed", "error_code": "worker_broken",
-                "error_message": f"the worker cannot load its compute engine: {exc}"}
+        return jobs.Outcome.failed(Failure(
+            "worker_broken", f"the worker cannot load its compute engine: {exc}"))
     try:
         spec = Spec.model_validate_json(claim.spec_json)
         if tracker.should_cancel():
@@ -199,26 +205,27 @@ def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> dict[str,
                          should_cancel=tracker.should_cancel, job_id=claim.job_id)
         key = report_key(claim.job_id)
         ctx.store.put_bytes(key, report.model_dump_json().encode("utf-8"))
-        return {"state": "succeeded", "report_key": key}
+        return jobs.Outcome.succeeded(key)
     except JobCancelled:
-        return {"state": "cancelled"}
+        return jobs.CANCELLED
     except StoreError as exc:
         # Not succeeded without a report; not requeued either, since a full or read-only store
         # needs an operator, and every attempt would burn a GPU for nothing until then.
-        return {"state": "failed", "error_code": "store_unavailable",
-                "error_message": f"the job could not use the blob store: {exc}; resubmit the "
-                                 "job once the store is fixed"}
-    except SpecError as exc:
-        return {"state": "failed", "error_code": exc.code, "error_message": exc.message,
-                "error_details": _jsonable(exc.details)}
+        return jobs.Outcome.failed(Failure(
+            "store_unavailable", f"the job could not use the blob store: {exc.message}; "
+            "resubmit the job once the store is fixed"))
+    except Failure as failure:  # the engine's, as it raised it
+        # An engine_error wraps what the engine did not expect; a time limit or memory that
+        # ran out on the way is the host's doing, not a bug (its cause says which).
+        known = _host_failure(ctx, failure.__cause__) if failure.__cause__ else None
+        return jobs.Outcome.failed(known or _carried(failure))
     except Exception as exc:
         known = _host_failure(ctx, exc)
         if known is not None:
-            return known
+            return jobs.Outcome.failed(known)
         log.error("job %s failed:\n%s", claim.job_id, traceback.format_exc())
-        message = getattr(exc, "message", None) or (
-            f"the engine failed unexpectedly: {type(exc).__name__}: {exc}")
-        return {"state": "failed", "error_code": "engine_error", "error_message": message}
+        return jobs.Outcome.failed(Failure(
+            "engine_error", f"the engine failed unexpectedly: {type(exc).__name__}: {exc}"))
 
 
 # torch's CPU allocator raises a plain RuntimeError when malloc fails (its CUDA one raises
@@ -226,10 +233,10 @@ def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> dict[str,
 _CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
 
 
-def _host_failure(ctx: Context, exc: BaseException) -> dict[str, Any] | None:
-    """The outcome of a job stopped by its host, not by a bug: the time limit ran out, or
-    memory did. The engine wraps what it does not expect in an EngineFailure (the original
-    is its __cause__), so the whole chain is read. None: something else."""
+def _host_failure(ctx: Context, exc: BaseException) -> Failure | None:
+    """The failure of a job stopped by its host, not by a bug: the time limit ran out, or
+    memory did. The whole chain of causes is read (the engine keeps what it wrapped as the
+    cause). None: something else."""
     from celery.exceptions import SoftTimeLimitExceeded
 
     seen: BaseException | None = exc
@@ -242,18 +249,14 @@ def _host_failure(ctx: Context, exc: BaseException) -> dict[str, Any] | None:
             from stitchsim_service.core.queue import soft_time_limit_s
 
             limit = soft_time_limit_s(ctx.settings)
-            return {"state": "failed", "error_code": "time_limit",
-                    "error_message": f"the job ran past its time limit of {limit} s "
-                                     "(STITCHSIM_JOB_TIME_LIMIT_S less a 30 s margin to stop "
-                                     "cleanly); ask for fewer stitch points, epochs or IRI "
-                                     "steps"}
+            return Failure("time_limit", f"the job ran past its time limit of {limit} s "
+                           "(STITCHSIM_JOB_TIME_LIMIT_S less a 30 s margin to stop cleanly); "
+                           "ask for fewer stitch points, epochs or IRI steps")
         if type(seen).__name__ == "OutOfMemoryError":  # torch's, without importing torch here
-            return {"state": "failed", "error_code": "out_of_memory",
-                    "error_message": "the GPU ran out of memory; use a smaller batch size or "
-                                     "fewer stitch points"}
+            return Failure("out_of_memory", "the GPU ran out of memory; use a smaller batch "
+                           "size or fewer stitch points")
         if isinstance(seen, MemoryError) or _CPU_ALLOCATOR_FAILED in str(seen):
-            return {"state": "failed", "error_code": "out_of_memory",
-                    "error_message": "the worker ran out of memory; use a smaller batch size, "
-                                     "fewer samples or fewer stitch points"}
+            return Failure("out_of_memory", "the worker ran out of memory; use a smaller "
+                           "batch size, fewer samples or fewer stitch points")
         seen = seen.__cause__
     return None

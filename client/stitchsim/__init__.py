@@ -1,5 +1,5 @@
-"""stitchsim client: the contract (models, error codes, dataset catalogue, file checks), the HTTP
-SDK and the `stitchsim` CLI.
+"""stitchsim client: the contract (models, catalogue, error codes and the Failure, built-in
+datasets, file checks), the HTTP SDK and the `stitchsim` CLI.
 
 Names are imported on first use (PEP 562), so `import stitchsim.models` costs the contract
 alone: the engine and the service import it without httpx or the SDK.
@@ -21,6 +21,7 @@ _EXPORTS: dict[str, str] = {
         "stitchsim.errors",
     ),
     **dict.fromkeys(("JobStatus", "Report", "Spec", "StoredObject"), "stitchsim.models"),
+    "Failure": "stitchsim.failure",
     **dict.fromkeys(("Client", "Job", "file_sha256"), "stitchsim.sdk"),
 }
 

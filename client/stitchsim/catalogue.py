@@ -13,8 +13,8 @@ Standard library only: the client, the gateway (no torch) and the engine all imp
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 
@@ -30,10 +30,32 @@ class PlotStyle:
     def as_kwargs(self) -> dict[str, str]:
         return {"color": self.color, "linestyle": self.linestyle, "marker": self.marker}
 
+    def in_words(self) -> str:
+        """"blue, solid": how a legend in prose names the series."""
+        return f"{COLOR_NAMES.get(self.color, self.color)}, {LINE_NAMES.get(self.linestyle, '')}"
+
 
 # Okabe & Ito's palette.
 BLUE, VERMILLION, GREEN, ORANGE = "#0072B2", "#D55E00", "#009E73", "#E69F00"
 PURPLE, SKY, YELLOW, GREY, BLACK = "#CC79A7", "#56B4E9", "#F0E442", "#6E6E6E", "#000000"
+COLOR_NAMES = {BLUE: "blue", VERMILLION: "vermillion", GREEN: "green", ORANGE: "orange",
+               PURPLE: "purple", SKY: "sky blue", YELLOW: "yellow", GREY: "grey",
+               BLACK: "black"}
+LINE_NAMES = {"-": "solid", "--": "dashed", "-.": "dash-dotted", ":": "dotted"}
+
+
+@dataclass(frozen=True)
+class BandStyle:
+    """How a control is drawn behind the comparison's lines: a translucent band of its colour,
+    hatched or outlined, so bands stay apart without colour."""
+
+    color: str
+    label: str
+    hatch: str | None = None
+
+    def in_words(self) -> str:
+        """"grey hatched band": how a legend in prose names the band."""
+        return f"{COLOR_NAMES.get(self.color, self.color)}{' hatched' if self.hatch else ''} band"
 
 
 @dataclass(frozen=True)
@@ -56,13 +78,22 @@ class ObjectiveEntry(Entry):
     """It needs the back model's tensors after the stitch point too (fula)."""
     closed_form: bool = False
     """Solved in closed form, not trained (dm)."""
+    labels_only: bool = False
+    """It reads the labels only, no output of the back model (the one kind of objective a
+    pairing of two tasks can train: no back-model output exists for the front task's inputs)."""
+    default: bool = False
+    """In a spec that names no objectives."""
 
 
 @dataclass(frozen=True)
 class ProtocolEntry(Entry):
     style: PlotStyle = PlotStyle(BLUE)
     rank: int = 0
-    """The verdict reads the figure of the highest-ranked protocol that ran."""
+    """The verdict reads the figure of the highest-ranked protocol that ran (the first in
+    catalogue order among equals)."""
+    baseline: bool = False
+    """The plain protocol: the drop is its agreement minus the IRI protocol's, and the
+    protocol the clustered-noise floor is trained under."""
     uses_iris: bool = False
     """Its training inputs are IRIs (the IRI settings and convergence figures apply)."""
     needs_front_dataset: bool = False
@@ -71,16 +102,27 @@ class ProtocolEntry(Entry):
     """The controls (identity, shortcut) run it too."""
     attacks: bool = False
     """It crafts adversarial inputs while the stitch trains (spec.adversarial applies)."""
+    read_against: tuple[str, ...] = ()
+    """Controls that run whenever it runs: its figures mean nothing without them."""
+    default: bool = False
+    """In a spec that names no protocols."""
 
 
 @dataclass(frozen=True)
 class ControlEntry(Entry):
-    band: bool = False
+    band: BandStyle | None = None
     """Drawn as a band behind the comparison's lines (a ceiling or a floor)."""
+    paints_cues: bool = False
+    """It paints the unseen cues (control_settings.cues): its rows carry a cue."""
 
 
 @dataclass(frozen=True)
 class MeasureEntry(Entry):
+    style: PlotStyle = PlotStyle(BLUE)
+
+
+@dataclass(frozen=True)
+class MeasureInputEntry(Entry):
     style: PlotStyle = PlotStyle(BLUE)
 
 
@@ -105,28 +147,36 @@ class DatasetFormatEntry(Entry):
 E = TypeVar("E", bound=Entry)
 
 
-@dataclass(frozen=True)
 class Kind(Generic[E]):
     """The entries of one kind of name, in their one order (reports, tables and plots list
-    them in it)."""
+    them in it). An entry may be added at run time (`register`, as a plug-in does); every
+    reader asks the kind when it needs the names, so it sees the entry from then on."""
 
-    kind: str
-    entries: tuple[E, ...] = field(default=())
+    def __init__(self, kind: str, entries: Iterable[E] = ()) -> None:
+        self.kind = kind
+        self.entries: tuple[E, ...] = ()
+        for entry in entries:
+            self.register(entry)
 
-    def __post_init__(self) -> None:
-        names = [e.name for e in self.entries]
-        if len(set(names)) != len(names):
-            raise ValueError(f"{self.kind}: a name is catalogued twice: {names}")
+    def register(self, entry: E) -> E:
+        if entry.name in self:
+            raise ValueError(f"{self.kind} {entry.name!r} is catalogued twice")
+        self.entries = (*self.entries, entry)
+        return entry
 
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(e.name for e in self.entries)
 
     def __getitem__(self, name: str) -> E:
-        for e in self.entries:
-            if e.name == name:
-                return e
-        raise KeyError(f"unknown {self.kind} {name!r}; one of: {', '.join(self.names)}")
+        found = self.get(name)
+        if found is None:
+            raise KeyError(f"unknown {self.kind} {name!r}; one of: {', '.join(self.names)}")
+        return found
+
+    def get(self, name: str) -> E | None:
+        """The entry, or None for a name this version does not know (a newer service's)."""
+        return next((e for e in self.entries if e.name == name), None)
 
     def __contains__(self, name: object) -> bool:
         return name in self.names
@@ -139,26 +189,57 @@ class Kind(Generic[E]):
 
     def label(self, name: str) -> str:
         """The entry's label; an unknown name (a report from a newer service) as written."""
-        return self[name].label if name in self else name
+        entry = self.get(name)
+        return entry.label if entry else name
+
+    def position(self, name: str) -> int:
+        """Where the name sorts: its place in the catalogue, unknown names last."""
+        names = self.names
+        return names.index(name) if name in names else len(names)
+
+    def ordered(self, names: Iterable[str]) -> list[str]:
+        """The distinct names given, in catalogue order (unknown ones last, as first seen)."""
+        return sorted(dict.fromkeys(names), key=self.position)
 
     def where(self, **flags: object) -> tuple[str, ...]:
         """Names of the entries whose fields equal the given values, in order."""
         return tuple(e.name for e in self.entries
                      if all(getattr(e, k) == v for k, v in flags.items()))
 
+    def one(self, **flags: object) -> str:
+        """The one name with these flags; a catalogue with none or several is a bug of ours."""
+        found = self.where(**flags)
+        if len(found) != 1:
+            raise LookupError(f"{self.kind}: {len(found)} entries with {flags}, not one")
+        return found[0]
+
+    def any_of(self, names: Iterable[str], **flags: object) -> bool:
+        """Whether any of the names (a spec's) has these flags."""
+        chosen = self.where(**flags)
+        return any(n in chosen for n in names)
+
     def help(self) -> str:
-        """One line for CLI help and OpenAPI text: every name with its short label."""
-        return "; ".join(f"{e.name} ({e.short_label})" for e in self.entries)
+        """One line for CLI help: every name, with its label where that says more."""
+        def one(e: E) -> str:
+            text = e.label.removesuffix(f" ({e.name})")
+            same = text.replace("-", "_").replace(" ", "_") == e.name
+            return e.name if same else f"{e.name} ({text})"
+
+        return ", ".join(one(e) for e in self.entries)
+
+    def describe(self) -> str:
+        """Every name with its description, for the OpenAPI document."""
+        return "; ".join(f"{e.name}: {e.description}" for e in self.entries)
 
 
 OBJECTIVES: Kind[ObjectiveEntry] = Kind("objective", (
     ObjectiveEntry(
         "hlm", "hard-label matching (hlm)", "cross-entropy of the stitched model against the "
-        "labels", short="hlm", style=PlotStyle(BLUE, "-", "o")),
+        "labels", short="hlm", style=PlotStyle(BLUE, "-", "o"), labels_only=True),
     ObjectiveEntry(
         "slm", "soft-label matching (slm)", "KL divergence from the back model's softmax to "
         "the stitched model's (temperature 1)", short="slm",
-        style=PlotStyle(VERMILLION, "--", "s")),
+        style=PlotStyle(VERMILLION, "--", "s"), default=True),
     ObjectiveEntry(
         "dm", "direct matching (dm)", "relative distance to the back model's tensor at the "
         "stitch point, solved in closed form (least squares)", short="dm",
@@ -172,12 +253,13 @@ OBJECTIVES: Kind[ObjectiveEntry] = Kind("objective", (
 PROTOCOLS: Kind[ProtocolEntry] = Kind("protocol", (
     ProtocolEntry(
         "standard", "standard", "T is trained on the training split, towards the back "
-        "model's processing of it", style=PlotStyle(BLUE, "-", "o"), rank=1),
+        "model's processing of it", style=PlotStyle(BLUE, "-", "o"), rank=1, baseline=True,
+        default=True),
     ProtocolEntry(
         "invariance_aware", "invariance-aware", "T is trained on IRIs: inputs the front model "
         "cannot tell from the training inputs at the stitch point, towards the back model's "
         "own processing of the IRIs", style=PlotStyle(VERMILLION, "--", "s"), rank=2,
-        uses_iris=True),
+        uses_iris=True, default=True),
     ProtocolEntry(
         "adversarial", "adversarial", "T is trained with a fraction alpha of each batch "
         "replaced by PGD inputs crafted against the stitched model, towards the back model's "
@@ -187,21 +269,24 @@ PROTOCOLS: Kind[ProtocolEntry] = Kind("protocol", (
         "with the front model's own images and hard labels paired into the back model's "
         "classes; it measures compatibility, not shared meaning (read it against the "
         "clustered-noise floor)", style=PlotStyle(GREY, ":", "^"),
-        needs_front_dataset=True, in_controls=False),
+        needs_front_dataset=True, in_controls=False, read_against=("clustered_noise",)),
 ))
 
 CONTROLS: Kind[ControlEntry] = Kind("control", (
     ControlEntry(
         "clustered_noise", "clustered noise", "one noise centre per class fed through T into "
         "the back model: the accuracy a representation with nothing but class clusters "
-        "reaches (the floor)", short="noise floor", band=True),
+        "reaches (the floor)", short="noise floor",
+        band=BandStyle(GREY, "clustered-noise floor", hatch="///")),
     ControlEntry(
         "identity", "identity", "the back model stitched into itself at the same point: "
-        "agreement near 1 is the ceiling and a sanity check", short="ceiling", band=True),
+        "agreement near 1 is the ceiling and a sanity check", short="ceiling",
+        band=BandStyle(GREEN, "identity ceiling")),
     ControlEntry(
         "shortcut", "unseen cues", "class markers neither model saw, painted onto the "
         "stitch-training inputs: agreement that falls when the markers are rolled by one "
-        "class was bought by the marker (excessive agreement)", short="unseen cues"),
+        "class was bought by the marker (excessive agreement)", short="unseen cues",
+        paints_cues=True),
 ))
 
 CUES: Kind[Entry] = Kind("cue", (
@@ -222,9 +307,11 @@ MEASURES: Kind[MeasureEntry] = Kind("measure", (
         "representations have in common", style=PlotStyle(GREEN, "--", "s")),
 ))
 
-MEASURE_INPUTS: Kind[Entry] = Kind("measure input", (
-    Entry("real", "real inputs", "the test split's images"),
-    Entry("iri", "IRIs", "the front model's IRIs: both models' activations on them"),
+MEASURE_INPUTS: Kind[MeasureInputEntry] = Kind("measure input", (
+    MeasureInputEntry("real", "real inputs", "the test split's images",
+                      style=PlotStyle(BLUE, "-", "o")),
+    MeasureInputEntry("iri", "IRIs", "the front model's IRIs: both models' activations on them",
+                      style=PlotStyle(VERMILLION, "--", "s")),
 ))
 
 MODEL_SOURCES: Kind[ModelSourceEntry] = Kind("model source", (
@@ -252,3 +339,9 @@ KINDS: tuple[Kind[Entry], ...] = (  # type: ignore[assignment]
 )
 """Every kind of name, for the tests that hold each against its engine registry and render
 every entry."""
+
+
+def drop_protocols() -> tuple[str, str]:
+    """The drop's two protocols: the baseline's agreement minus the IRI protocol's (the share
+    of the plain score that came from features the end model does not share)."""
+    return PROTOCOLS.one(baseline=True), PROTOCOLS.one(uses_iris=True)

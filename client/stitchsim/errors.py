@@ -2,9 +2,11 @@
 
 Every error the service answers with (`{"error": {"code", "message", "details"}}`) becomes an
 `APIError` subclass chosen by HTTP status, so callers can catch what they can act on (fix the
-spec, retry later, check the key) without parsing messages. Whose fault an error is and
-whether a retry may help come from the error-code registry (`stitchsim.codes`), so the CLI's
-exit codes follow the same table as the service.
+spec, retry later, check the key) without parsing messages. An `APIError` is the contract's
+`Failure` (stitchsim.failure) the service raised, its code, message and details as they were;
+a `JobFailed` carries the Failure the job ended with. Whose fault an error is and whether a
+retry may help come from the error-code registry (`stitchsim.codes`), so the CLI's exit codes
+follow the same table as the service.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from stitchsim import codes
+from stitchsim.failure import Failure
 
 if TYPE_CHECKING:
     import httpx
@@ -45,12 +48,12 @@ class InvalidSpec(UsageError):
         self.errors = errors or []
 
 
-class InvalidFile(UsageError):
-    """A file to upload is not a safetensors file the service would accept."""
+class InvalidFile(Failure, UsageError):
+    """A file to upload is not a safetensors file the service would accept: the Failure the
+    contract's file checks raised (stitchsim.files), refused before anything is sent."""
 
     def __init__(self, message: str, code: str = "invalid_safetensors"):
-        super().__init__(message)
-        self.code = code
+        super().__init__(code, message)
 
 
 # ---------------------------------------------------------------- transport and HTTP
@@ -64,8 +67,8 @@ class ConnectionFailed(StitchsimError):
         self.url = url
 
 
-class APIError(StitchsimError):
-    """The service answered with an error status."""
+class APIError(Failure, StitchsimError):
+    """The service answered with an error status: the Failure it raised, and the status."""
 
     _retry_by_status = False
     """For codes the registry does not know (a proxy's, a newer service's)."""
@@ -79,10 +82,8 @@ class APIError(StitchsimError):
         details: Any = None,
         response: httpx.Response | None = None,
     ):
-        super().__init__(message)
+        super().__init__(code, message, details)
         self.status_code = status_code
-        self.code = code
-        self.details = details
         self.response = response
 
     def __str__(self) -> str:
@@ -176,11 +177,20 @@ class JobFailed(JobError):
     """The job ended `failed`; `code`/`message` are the service's reason."""
 
     def __init__(self, job_id: str, error: ErrorInfo | None, status: JobStatus | None = None):
-        self.code = error.code if error else "failed"
-        self.details = error.details if error else None
-        reason = error.message if error else "no reason given"
+        self.failure = (Failure(error.code, error.message, error.details) if error
+                        else Failure("internal", "the service gave no reason"))
+        """The Failure the job ended with, as the engine or the worker raised it."""
+        reason = self.failure.message
         super().__init__(f"job {job_id} failed: {reason} ({self.code})", job_id, status)
         self.reason = reason
+
+    @property
+    def code(self) -> str:
+        return self.failure.code
+
+    @property
+    def details(self) -> Any:
+        return self.failure.details
 
     @property
     def is_user_error(self) -> bool:

@@ -64,7 +64,7 @@ def report_to_junit(
         tests += 1
         errors += 1
         case = ET.SubElement(cases, "testcase", classname="stitchsim", name="verdict", time="0")
-        reason = view.verdict_reason(report) or ""
+        reason = report.verdict_reason or ""
         ET.SubElement(case, "error", type="NoVerdict", message=f"no verdict: {reason}"
                       ).text = reason
     elif report.verdict == "dissimilar" and failures == 0:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from stitchsim import view
+from stitchsim import catalogue, view
 from stitchsim.models import Report, ResultRow
 from stitchsim.view import DIRECTION_ASCII, fmt, fmt_signed
 
@@ -113,12 +113,12 @@ def summary_lines(report: Report) -> list[str]:
     """Mean agreement over stitch points per direction and objective, with the drop."""
     rows = [
         [DIRECTION_ASCII.get(line.direction, line.direction), line.objective,
-         fmt(line.standard) if line.standard is not None else "-",
-         fmt(line.invariance_aware) if line.invariance_aware is not None else "-",
+         fmt(line.baseline) if line.baseline is not None else "-",
+         fmt(line.iri) if line.iri is not None else "-",
          fmt(line.drop) if line.drop is not None else "-"]
         for line in view.summary_lines(report)
     ]
-    headers = ["direction", "objective", "standard", "invariance_aware", "drop"]
+    headers = ["direction", "objective", *catalogue.drop_protocols(), "drop"]
     return _align(headers, rows, numeric={2, 3, 4})
 
 
@@ -181,8 +181,8 @@ def format_table(report: Report) -> str:
         if weaker:
             lines.append("weaker conditional on IRIs: " + ", ".join(
                 f"{m} {DIRECTION_ASCII[d]}" for m, d in weaker.items()))
-    lines += _notes("warnings", report.warnings)
-    reason = view.verdict_reason(report)
+    lines += _notes("warnings", view.warnings(report))
+    reason = report.verdict_reason
     if reason:
         lines += _notes("no verdict, because", [reason])
     lines += _notes("verdict caveats", report.verdict_caveats)

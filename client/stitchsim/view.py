@@ -1,25 +1,22 @@
 """The report as it is shown: the one view that the terminal table (`table.py`), the JUnit file
 (`junit.py`) and the HTML page (the gateway's `pages`) all render.
 
-It holds the vocabulary (what protocols, directions, objectives, controls and preprocessing
-sources are called), the orderings, how figures are written, and it reads the figures the
-engine computed (similarity, weaker direction, drops, verdict and why there is none) from the
-report: nothing here computes a summary. Standard library and contract only.
+It holds what directions and preprocessing sources are called (what objectives, protocols,
+controls, cues and measures are called, their order and their plot styles are the catalogue's,
+stitchsim.catalogue), how figures are written, and it reads the figures the engine computed
+(similarity, weaker direction, drops, verdict and why there is none) from the report: nothing
+here computes a summary. Standard library and contract only.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from stitchsim import catalogue
 from stitchsim.models import (
     DIRECTIONS,
-    MEASURE_INPUTS,
-    MEASURES,
-    OBJECTIVES,
-    PROTOCOLS,
     Direction,
     DropRow,
     Measure,
@@ -33,32 +30,10 @@ from stitchsim.models import (
     ResultRow,
 )
 
-PROTOCOL_LABEL: dict[str, str] = {
-    "standard": "standard",
-    "invariance_aware": "invariance-aware",
-    "adversarial": "adversarial",
-    "cross_task": "cross-task",
-}
+# What objectives, protocols, controls, cues and measures are called, and how they are drawn,
+# is the catalogue's (stitchsim.catalogue); the states below are not catalogue names.
 DIRECTION_LABEL: dict[str, str] = {"front_to_back": "front → back", "back_to_front": "back → front"}
 DIRECTION_ASCII: dict[str, str] = {"front_to_back": "front->back", "back_to_front": "back->front"}
-OBJECTIVE_LABEL: dict[str, str] = {
-    "hlm": "hard-label matching (hlm)",
-    "slm": "soft-label matching (slm)",
-    "dm": "direct matching (dm)",
-    "fula": "functional latent alignment (fula)",
-}
-CONTROL_LABEL: dict[str, str] = {
-    "identity": "identity",
-    "clustered_noise": "clustered noise",
-    "shortcut": "unseen cues",
-}
-CUE_LABEL: dict[str, str] = {
-    "pixel_specific": "class colour, class place",
-    "pixel_rand": "class colour, random place",
-    "rand_rand": "random colour, random place",
-}
-MEASURE_LABEL: dict[str, str] = {"cka": "linear CKA", "mutual_knn": "mutual k-NN"}
-MEASURE_INPUT_LABEL: dict[str, str] = {"real": "real inputs", "iri": "IRIs"}
 PREPROCESS_SOURCE_LABEL: dict[str, str] = {
     "spec": "set in the spec",
     "metadata": "from the checkpoint's metadata",
@@ -70,8 +45,8 @@ ROLES = ("front", "back")
 
 def control_name(row: ResultRow) -> str:
     """A control's label, with its cue for the unseen-cue suite."""
-    name = CONTROL_LABEL.get(row.control or "", row.control or "")
-    return f"{name}: {CUE_LABEL.get(row.cue, row.cue)}" if row.cue else name
+    name = catalogue.CONTROLS.label(row.control or "")
+    return f"{name}: {catalogue.CUES.label(row.cue)}" if row.cue else name
 
 
 def has_robust(report: Report) -> bool:
@@ -131,13 +106,11 @@ def directions(report: Report) -> list[Direction]:
 
 
 def protocols(rows: Iterable[ResultRow]) -> list[Protocol]:
-    seen = {r.protocol for r in rows}
-    return [p for p in PROTOCOLS if p in seen]
+    return catalogue.PROTOCOLS.ordered(r.protocol for r in rows)
 
 
 def objectives(rows: Iterable[ResultRow], direction: Direction) -> list[Objective]:
-    seen = {r.objective for r in rows if r.direction == direction}
-    return [o for o in OBJECTIVES if o in seen]
+    return catalogue.OBJECTIVES.ordered(r.objective for r in rows if r.direction == direction)
 
 
 def stitch_points(rows: Iterable[ResultRow], direction: Direction) -> list[tuple[str, str]]:
@@ -159,7 +132,7 @@ def ordered(rows: Sequence[ResultRow]) -> list[ResultRow]:
         depth.setdefault((r.direction, r.front_layer, r.back_layer), len(depth))
     return sorted(rows, key=lambda r: (
         DIRECTIONS.index(r.direction), depth[(r.direction, r.front_layer, r.back_layer)],
-        OBJECTIVES.index(r.objective), PROTOCOLS.index(r.protocol),
+        catalogue.OBJECTIVES.position(r.objective), catalogue.PROTOCOLS.position(r.protocol),
     ))
 
 
@@ -206,13 +179,13 @@ def models(report: Report) -> list[tuple[str, ModelSummary]]:
 
 @dataclass(frozen=True)
 class SummaryLine:
-    """Mean agreement over stitch points of one direction and objective, per protocol, and
-    the drop between them (the engine's DropRow)."""
+    """Mean agreement over stitch points of one direction and objective under the drop's two
+    protocols (catalogue.drop_protocols), and the drop between them (the engine's DropRow)."""
 
     direction: Direction
     objective: Objective
-    standard: float | None
-    invariance_aware: float | None
+    baseline: float | None
+    iri: float | None
     drop: float | None
 
 
@@ -225,11 +198,12 @@ def summary_lines(report: Report) -> list[SummaryLine]:
     for row in report.summary.rows:
         by_key.setdefault((row.direction, row.objective), {})[row.protocol] = row.mean_agreement
     drops = _mean_drops(report)
+    baseline, iri = catalogue.drop_protocols()
     out = []
     for (direction, objective), means in by_key.items():
         drop = drops.get((direction, objective))
-        out.append(SummaryLine(direction, objective, means.get("standard"),
-                               means.get("invariance_aware"), drop.drop if drop else None))
+        out.append(SummaryLine(direction, objective, means.get(baseline), means.get(iri),
+                               drop.drop if drop else None))
     return out
 
 
@@ -265,10 +239,9 @@ def compared_figures(report: Report) -> list[ComparedFigure]:
     ]
 
 
-def overall_line(report: Report, labels: dict[str, str] | None = None) -> str:
+def overall_line(report: Report, label: Callable[[str], str] = str) -> str:
     """Per protocol, the weaker direction's mean agreement: "standard 0.951, ..."."""
-    labels = labels or {}
-    return ", ".join(f"{labels.get(p, p)} {fmt(v)}" for p, v in report.summary.by_protocol.items())
+    return ", ".join(f"{label(p)} {fmt(v)}" for p, v in report.summary.by_protocol.items())
 
 
 # ------------------------------------------------------------------ the verdict
@@ -284,24 +257,17 @@ class VerdictView:
     caveats: list[str]
 
 
-def verdict_reason(report: Report) -> str | None:
-    """The engine's reason for withholding the verdict, without a "no verdict:" lead-in of
-    its own (every rendering says that in its own words)."""
-    if report.verdict_reason is None:
-        return None
-    return re.sub(r"^\s*no verdict\s*[:,;-]\s*", "", report.verdict_reason, flags=re.IGNORECASE)
-
-
 def verdict_view(report: Report) -> VerdictView:
     s = report.summary
     meaning = (
         "Similarity is the stitched models' mean agreement with the model they end in, over the "
-        f"stitch points, under the {PROTOCOL_LABEL[s.similarity_protocol]} protocol, in the "
+        f"stitch points, under the {catalogue.PROTOCOLS.label(s.similarity_protocol)} "
+        "protocol, in the "
         "weaker direction."
     )
     caveats = list(report.verdict_caveats)
     if report.verdict is None:
-        reason = verdict_reason(report)
+        reason = report.verdict_reason
         why = (reason or "the spec set no threshold").rstrip(".")
         return VerdictView("none", f"No verdict: {why}. The similarity is {s.similarity:.3f}. "
                            + meaning, reason, caveats)
@@ -323,15 +289,14 @@ def no_verdict_despite_threshold(report: Report) -> bool:
 # ------------------------------------------------------------------ the models' inputs
 
 
-def near_chance_message(role: str, m: ModelSummary) -> str:
-    chance = f" (chance: {fmt(m.chance_accuracy)})" if m.chance_accuracy is not None else ""
-    return (f"The {role} model ({m.arch}) predicts at chance on this dataset: accuracy "
-            f"{fmt(m.accuracy)}{chance}. Its figures say nothing about the model; check the "
-            "dataset, its arch_kwargs (num_classes, in_chans) and its preprocessing.")
-
-
 def near_chance_messages(report: Report) -> list[str]:
-    return [near_chance_message(role, m) for role, m in models(report) if m.near_chance]
+    """The engine's warning for each model at chance, as it wrote it."""
+    return [m.chance_warning for _, m in models(report) if m.chance_warning]
+
+
+def warnings(report: Report) -> list[str]:
+    """Every warning of the report: the models' at chance first, then the job's."""
+    return [*near_chance_messages(report), *report.warnings]
 
 
 def preprocess_text(p: PreprocessInfo) -> str:
@@ -360,8 +325,7 @@ MEASURE_GAP_MEANING = (
 
 
 def measures_of(report: Report) -> list[Measure]:
-    seen = {m.measure for m in report.measures}
-    return [m for m in MEASURES if m in seen]
+    return catalogue.MEASURES.ordered(m.measure for m in report.measures)
 
 
 def ordered_measures(rows: Sequence[MeasureRow]) -> list[MeasureRow]:
@@ -371,7 +335,8 @@ def ordered_measures(rows: Sequence[MeasureRow]) -> list[MeasureRow]:
         depth.setdefault((r.direction, r.front_layer, r.back_layer), len(depth))
     return sorted(rows, key=lambda r: (
         DIRECTIONS.index(r.direction), depth[(r.direction, r.front_layer, r.back_layer)],
-        MEASURES.index(r.measure), MEASURE_INPUTS.index(r.input), r.control or "",
+        catalogue.MEASURES.position(r.measure), catalogue.MEASURE_INPUTS.position(r.input),
+        r.control or "",
         r.sigma or 0.0,
     ))
 
@@ -382,15 +347,16 @@ def measure_stitch_label(row: MeasureRow, arrow: str = "→") -> str:
 
 
 def measure_summary(report: Report) -> list[MeasureSummaryRow]:
-    return sorted(report.summary.measures, key=lambda m: (DIRECTIONS.index(m.direction),
-                                                         MEASURES.index(m.measure)))
+    return sorted(report.summary.measures, key=lambda m: (
+        DIRECTIONS.index(m.direction), catalogue.MEASURES.position(m.measure)))
 
 
 def measure_sentence(report: Report) -> str:
     """What the measures found, in words: per direction and measure, real against IRI means
     over stitch points, and the weaker conditional when both directions ran."""
     parts = [
-        f"{DIRECTION_LABEL[m.direction]}: {MEASURE_LABEL[m.measure]} {fmt(m.real)} on real "
+        f"{DIRECTION_LABEL[m.direction]}: {catalogue.MEASURES.label(m.measure)} {fmt(m.real)} "
+        "on real "
         f"inputs, {fmt(m.iri)} on IRIs (gap {fmt_signed(m.gap)})"
         for m in measure_summary(report)
     ]
@@ -400,5 +366,6 @@ def measure_sentence(report: Report) -> str:
     weaker = report.summary.measure_weaker_direction
     if weaker:
         text += " Weaker conditional on IRIs: " + ", ".join(
-            f"{MEASURE_LABEL[m]} {DIRECTION_LABEL[d]}" for m, d in weaker.items()) + "."
+            f"{catalogue.MEASURES.label(m)} {DIRECTION_LABEL[d]}" for m, d in weaker.items()
+        ) + "."
     return text

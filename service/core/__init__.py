@@ -2,5 +2,5 @@
 
 Imported by the gateway (which translates it to HTTP) and by the workers (which run the jobs).
 It imports neither FastAPI/Starlette nor torch, and refuses what it cannot do with a
-DomainError carrying a code of the registry (stitchsim.codes).
+Failure (stitchsim.failure) carrying a code of the registry (stitchsim.codes).
 """

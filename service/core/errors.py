@@ -1,35 +1,18 @@
-"""What the core refuses, as domain errors: each carries a code of the registry
-(stitchsim.codes), which says what HTTP status the gateway answers with, whether it is the
-user's fault and whether a retry may help. The core never names a status itself."""
+"""What the core refuses: the contract's Failure (stitchsim.failure), each carrying a code of
+the registry (stitchsim.codes), which says what HTTP status the gateway answers with, whether
+it is the user's fault and whether a retry may help. The core never names a status itself."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from stitchsim import codes
+from stitchsim.failure import Failure
 
 
-class DomainError(Exception):
-    def __init__(self, code: str, message: str, details: Any = None, *,
-                 retry_after: float | None = None):
-        if codes.get(code) is None:
-            raise ValueError(f"{code!r} is not in the error-code registry (stitchsim.codes)")
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.details = details
-        self.retry_after = retry_after
-        """Seconds after which the same request may succeed (quotas, outages)."""
-
-    @property
-    def entry(self) -> codes.Code:
-        return codes.CODES[self.code]
-
-
-class NotFoundError(DomainError):
+class NotFoundError(Failure):
     """No such thing for this key: the same answer whether it does not exist or belongs to
-    another key."""
+    another key. (A Failure whose constructor writes the message; it travels as any other.)"""
 
     def __init__(self, what: str, ident: str, details: dict[str, Any] | None = None,
                  hint: str = ""):
@@ -37,10 +20,6 @@ class NotFoundError(DomainError):
         shown = ident if len(ident) <= 80 else ident[:77] + "..."
         super().__init__("not_found", f"{what} {shown} not found{hint}",
                          {"id": shown, **(details or {})})
-
-
-class Unavailable(DomainError):
-    """Something the service depends on is down; the same request may succeed later."""
 
 
 def _loc(loc: Sequence[Any]) -> str:
@@ -54,9 +33,9 @@ def validation_details(errors: Sequence[Any]) -> list[dict[str, Any]]:
              "type": e.get("type", "")} for e in errors]
 
 
-def validation_error(code: str, prefix: str, errors: Sequence[Any]) -> DomainError:
-    """A DomainError for pydantic's errors: the first few in the message, all in details."""
+def validation_error(code: str, prefix: str, errors: Sequence[Any]) -> Failure:
+    """A Failure for pydantic's errors: the first few in the message, all in details."""
     details = validation_details(errors)
     shown = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
     more = f" (and {len(details) - 5} more)" if len(details) > 5 else ""
-    return DomainError(code, f"{prefix}: {shown}{more}", details)
+    return Failure(code, f"{prefix}: {shown}{more}", details)

@@ -19,11 +19,13 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
+from stitchsim.failure import Failure
 from stitchsim.models import (
     TERMINAL_STATES,
     ErrorInfo,
     Estimate,
     JobList,
+    JobState,
     JobStatus,
     Progress,
     Spec,
@@ -31,7 +33,7 @@ from stitchsim.models import (
 from stitchsim_service.core import quotas
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.db import JobRow, utcnow
-from stitchsim_service.core.errors import DomainError, NotFoundError, Unavailable
+from stitchsim_service.core.errors import NotFoundError
 from stitchsim_service.core.store import is_job_id
 
 log = logging.getLogger("stitchsim.jobs")
@@ -183,15 +185,15 @@ def report_bytes(ctx: Context, row: JobRow) -> bytes:
     """The stored report of a succeeded job, as the worker wrote it."""
     if row.state != "succeeded":
         reason = f" ({row.error_message})" if row.error_message else ""
-        raise DomainError(
+        raise Failure(
             "job_not_finished" if row.state not in TERMINAL_STATES else f"job_{row.state}",
             f"job {row.id} is {row.state}{reason}; a report exists only once it succeeded",
             {"state": row.state})
     data = ctx.store.get_bytes(row.report_key) if row.report_key else None
     if data is None:
-        raise Unavailable("report_unavailable",
-                          f"the report of job {row.id} cannot be read from the store right now",
-                          retry_after=30)
+        raise Failure("report_unavailable",
+                      f"the report of job {row.id} cannot be read from the store right now",
+                      retry_after=30)
     return data
 
 
@@ -212,7 +214,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
             raise ValueError("not a cursor of this service")
         created.astimezone(timezone.utc)
     except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
-        raise DomainError("bad_request", "cursor is not one this service issued") from None
+        raise Failure("bad_request", "cursor is not one this service issued") from None
     return created, job_id
 
 
@@ -241,8 +243,8 @@ def cancel(ctx: Context, owner: str, job_id: str) -> JobRow:
         if row is None or row.owner != owner:
             raise NotFoundError("job", job_id)
         if row.state in TERMINAL_STATES:
-            raise DomainError("job_finished", f"job {job_id} already {row.state}",
-                              {"state": row.state})
+            raise Failure("job_finished", f"job {job_id} already {row.state}",
+                          {"state": row.state})
         if row.state == "queued":
             row.state = "cancelled"
             row.finished_at = now
@@ -292,14 +294,11 @@ def claim(ctx: Context, job_id: str, worker: str) -> Claim | None:
         ):
             raise Busy(job_id)
         if row.attempts >= s_.max_attempts:
-            _finish_row(row, "failed", now)
-            row.error_code = "attempts_exhausted"
-            row.error_message = (
+            _fail_row(row, Failure(
+                "attempts_exhausted",
                 f"gave up after {row.attempts} attempts: the worker running this job died each "
                 "time (out of memory? a GPU fault?); try fewer stitch points, a smaller batch "
-                "size or a smaller model"
-            )
-            row.stage = "failed"
+                "size or a smaller model"), now)
             return None
         row.attempts += 1
         row.state = "running"
@@ -327,31 +326,60 @@ def heartbeat(ctx: Context, c: Claim, progress: Progress | None) -> bool:
     return bool(flag)
 
 
-def _finish_row(row: JobRow, state: str, now: datetime) -> None:
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended: a terminal state, with the report's key or the Failure."""
+
+    state: JobState
+    report_key: str | None = None
+    failure: Failure | None = None
+
+    @classmethod
+    def succeeded(cls, report_key: str) -> Outcome:
+        return cls("succeeded", report_key=report_key)
+
+    @classmethod
+    def failed(cls, failure: Failure) -> Outcome:
+        return cls("failed", failure=failure)
+
+
+CANCELLED = Outcome("cancelled")
+
+
+def _finish_row(row: JobRow, state: JobState, now: datetime) -> None:
     row.state = state
     row.finished_at = now
     if row.started_at is not None:
         row.duration_s = (now - row.started_at).total_seconds()
 
 
-def finish(ctx: Context, c: Claim, state: str, *, report_key: str | None = None,
-           error_code: str | None = None, error_message: str | None = None,
-           error_details: Any = None) -> bool:
+def _fail_row(row: JobRow, failure: Failure, now: datetime) -> None:
+    _finish_row(row, "failed", now)
+    row.stage = "failed"
+    _record(row, failure)
+
+
+def _record(row: JobRow, failure: Failure | None) -> None:
+    row.error_code = failure.code if failure else None
+    row.error_message = failure.message if failure else None
+    details = failure.details if failure else None
+    row.error_details = json.dumps(details) if details is not None else None
+
+
+def finish(ctx: Context, c: Claim, outcome: Outcome) -> bool:
     """Record the outcome of this attempt; False when the job was taken from us meanwhile."""
     now = utcnow()
     with ctx.db.write() as s:
         row = s.get(JobRow, c.job_id)
         if row is None or row.state != "running" or row.attempts != c.attempt:
             return False
-        _finish_row(row, state, now)
-        row.stage = {"succeeded": "done"}.get(state, state)
-        if state == "succeeded":
+        _finish_row(row, outcome.state, now)
+        row.stage = "done" if outcome.state == "succeeded" else outcome.state
+        if outcome.state == "succeeded":
             row.done = row.total
             row.eta_s = 0.0
-        row.report_key = report_key
-        row.error_code = error_code
-        row.error_message = error_message
-        row.error_details = json.dumps(error_details) if error_details is not None else None
+        row.report_key = outcome.report_key
+        _record(row, outcome.failure)
         return True
 
 
@@ -388,13 +416,10 @@ def reap(ctx: Context, *, broker_empty: bool = False) -> list[tuple[str, int]]:
                 row.stage = "cancelled"
                 continue
             if row.attempts >= s_.max_attempts and row.state == "running":
-                _finish_row(row, "failed", now)
-                row.stage = "failed"
-                row.error_code = "attempts_exhausted"
-                row.error_message = (
+                _fail_row(row, Failure(
+                    "attempts_exhausted",
                     f"gave up after {row.attempts} attempts: the worker stopped responding "
-                    "each time (killed, out of memory, or the machine went away)"
-                )
+                    "each time (killed, out of memory, or the machine went away)"), now)
                 continue
             log.warning("requeueing job %s (state %s, attempts %s)", row.id, row.state,
                         row.attempts)

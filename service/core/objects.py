@@ -13,13 +13,13 @@ from typing import Any, Protocol
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 from stitchsim.datasets import BUILTIN
+from stitchsim.failure import Failure
 from stitchsim.files.dataset import DatasetFileInfo
 from stitchsim.files.header import Header
 from stitchsim.models import ACTIVE_STATES, DatasetInfo, StoredObject
 from stitchsim_service.core import quotas
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.db import JobRow, ObjectRow, OwnershipRow, advisory_lock, utcnow
-from stitchsim_service.core.errors import DomainError
 from stitchsim_service.core.metrics import UPLOAD_BYTES
 from stitchsim_service.core.settings import Settings
 from stitchsim_service.core.store import OBJECT_ID, object_key
@@ -192,8 +192,8 @@ def release(ctx: Context, owner: str, kind: str, object_id: str) -> bool:
     """Take owner's grant to an object away (freeing its quota); the bytes go once no key owns
     them. False when owner did not have it; in_use while one of owner's active jobs uses it."""
     if kind == "datasets" and object_id in BUILTIN:
-        raise DomainError("builtin", f"{object_id} is a built-in dataset; it cannot be deleted "
-                          "and takes none of your storage quota", {"id": object_id})
+        raise Failure("builtin", f"{object_id} is a built-in dataset; it cannot be deleted "
+                      "and takes none of your storage quota", {"id": object_id})
     if not _is_object_id(object_id):
         return False
     with ctx.db.write() as s:
@@ -206,7 +206,7 @@ def release(ctx: Context, owner: str, kind: str, object_id: str) -> bool:
             JobRow.owner == owner, JobRow.state.in_(ACTIVE_STATES),
             JobRow.spec_json.contains(object_id)).limit(1))
         if user is not None:
-            raise DomainError(
+            raise Failure(
                 "in_use",
                 f"{kind[:-1]} {object_id} is used by job {user}, which is queued or running; "
                 f"wait for it to finish or cancel it (DELETE /jobs/{user}), then delete again",

@@ -14,7 +14,10 @@ from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
 from kombu.transport import TRANSPORT_ALIASES
 from kombu.transport import sqlalchemy as kombu_sqla
+from pydantic import ValidationError
 from sqlalchemy import event
+from stitchsim.failure import Failure
+from stitchsim.models import Estimate
 from stitchsim_service.core.settings import Settings
 
 log = logging.getLogger("stitchsim.queue")
@@ -125,12 +128,27 @@ def make_celery(settings: Settings) -> Celery:
 @dataclass
 class CheckOutcome:
     checked: bool
-    error: dict[str, Any] | None = None
+    failure: Failure | None = None
+    """Why the spec cannot run: the engine's Failure, as the check task carried it."""
     note: str = ""
     busy: bool = False
     """No answer in time: the checkers are busy or gone; the spec is unchecked."""
-    estimate: dict[str, Any] | None = None
-    """What the check counted: {"units": ...} (the job's progress plan)."""
+    estimate: Estimate | None = None
+    """What the check counted (the job's progress plan)."""
+
+    @classmethod
+    def answered(cls, out: dict[str, Any] | None) -> CheckOutcome:
+        """The check task's answer ({"estimate": ...} or {"failure": ...}; see
+        stitchsim_worker.runner.check_spec_doc)."""
+        out = out or {}
+        if "failure" in out:
+            return cls(True, failure=Failure.from_dict(out["failure"]))
+        try:
+            estimate = Estimate.model_validate(out["estimate"]) if "estimate" in out else None
+        except ValidationError:
+            log.warning("the spec check answered an unreadable estimate %r", out["estimate"])
+            estimate = None
+        return cls(True, estimate=estimate)
 
 
 class JobQueue:
@@ -177,11 +195,7 @@ class JobQueue:
         finally:
             with contextlib.suppress(Exception):  # forgetting is housekeeping only
                 result.forget()
-        if out is None:
-            return CheckOutcome(True)
-        if "estimate" in out or "error" in out:
-            return CheckOutcome(True, error=out.get("error"), estimate=out.get("estimate"))
-        return CheckOutcome(True, error=out)  # a worker of the previous version: the error
+        return CheckOutcome.answered(out)
 
     def depth(self, queue: str) -> int | None:
         try:

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
+from stitchsim.failure import Failure
 from stitchsim.models import ACTIVE_STATES, Usage
 from stitchsim_service.core.db import (
     JobRow,
@@ -25,7 +26,6 @@ from stitchsim_service.core.db import (
     advisory_lock,
     utcnow,
 )
-from stitchsim_service.core.errors import DomainError
 from stitchsim_service.core.settings import Settings
 
 
@@ -103,7 +103,7 @@ def _refuse_when_full(code: str, name: str, held: int, limit: int, retry_after: 
                       message: str) -> None:
     """`code` with Retry-After once the owner holds `limit` of something already."""
     if held >= limit:
-        raise DomainError(code, message, {name: held, "limit": limit}, retry_after=retry_after)
+        raise Failure(code, message, {name: held, "limit": limit}, retry_after=retry_after)
 
 
 def check_compute(session: Session, settings: Settings, owner: str, adding: int) -> None:
@@ -118,7 +118,7 @@ def check_compute(session: Session, settings: Settings, owner: str, adding: int)
     if in_use == 0 or in_use + adding <= limit:
         return
     spu = settings.seconds_per_unit
-    raise DomainError(
+    raise Failure(
         "compute_quota_exceeded",
         f"your queued and running jobs hold {in_use:,} work units (about {in_use * spu:,.0f} s "
         f"of worker time) and this job would add {adding:,} (about {adding * spu:,.0f} s), "
@@ -165,7 +165,7 @@ def check_storage(session: Session, settings: Settings, owner: str, adding: int)
     limit = limits_for(session, settings, owner).max_stored_bytes
     stored = stored_bytes(session, owner)
     if stored + adding > limit:
-        raise DomainError(
+        raise Failure(
             "quota_exceeded",
             f"storing this file ({adding} bytes) would take your key to {stored + adding} "
             f"bytes, over its storage quota of {limit} bytes; delete checkpoints or datasets "

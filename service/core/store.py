@@ -16,14 +16,14 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
-from stitchsim_service.core.errors import Unavailable
+from stitchsim.failure import Failure
 
 OBJECT_ID = re.compile(r"^sha256:([0-9a-f]{64})$")
 KINDS = ("checkpoints", "datasets")
 _JOB_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
-class StoreError(Unavailable):
+class StoreError(Failure):
     """The store cannot be read or written (disk full, bucket unreachable …)."""
 
     def __init__(self, message: str):

@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import ValidationError
-from stitchsim import codes
 from stitchsim.datasets import BUILTIN
+from stitchsim.failure import Failure
 from stitchsim.files.header import Header
 from stitchsim.models import Estimate, LocalPath, Spec
 from stitchsim_service.core import jobs, objects, quotas
 from stitchsim_service.core.context import Context
-from stitchsim_service.core.errors import DomainError, NotFoundError, Unavailable, validation_error
+from stitchsim_service.core.errors import NotFoundError, validation_error
 from stitchsim_service.core.metrics import JOBS_SUBMITTED
 from stitchsim_service.core.objects import StagedFile
 from stitchsim_service.core.store import object_key, parse_object_id
@@ -108,9 +108,9 @@ def submit_job(ctx: Context, owner: str, raw: Any, files: Mapping[str, StagedChe
 
 def _replay(job_id: str, prior_hash: str | None, request_hash: str) -> Submitted:
     if prior_hash != request_hash:
-        raise DomainError("idempotency_conflict",
-                          "this Idempotency-Key was used with a different request; use a new "
-                          "key for a new request", {"job_id": job_id})
+        raise Failure("idempotency_conflict",
+                      "this Idempotency-Key was used with a different request; use a new "
+                      "key for a new request", {"job_id": job_id})
     return Submitted(job_id, False)
 
 
@@ -121,13 +121,13 @@ def _enqueue(ctx: Context, job_id: str) -> None:
     except Exception as exc:
         log.error("enqueue of job %s failed: %s", job_id, exc)
         jobs.delete_job(ctx, job_id)
-        raise Unavailable("broker_unavailable",
-                          "the job queue is unreachable; nothing was queued, retry later",
-                          retry_after=10) from None
+        raise Failure("broker_unavailable",
+                      "the job queue is unreachable; nothing was queued, retry later",
+                      retry_after=10) from None
 
 
-def _spec_error(message: str, field: str | None = None, code: str = "invalid_spec") -> DomainError:
-    return DomainError(code, message, {"field": field} if field else None)
+def _spec_error(message: str, field: str | None = None, code: str = "invalid_spec") -> Failure:
+    return Failure(code, message, {"field": field} if field else None)
 
 
 def assemble_spec(raw: Any, files: Mapping[str, StagedCheckpoint]) -> Spec:
@@ -144,9 +144,9 @@ def assemble_spec(raw: Any, files: Mapping[str, StagedCheckpoint]) -> Spec:
         if not isinstance(ref, dict):
             raise _spec_error(f"{side} must be an object", side)
         if "checkpoint" in ref and ref["checkpoint"] != up.object_id:
-            raise DomainError("bad_request",
-                              f"{side} is given both as a file and as checkpoint "
-                              f"{ref['checkpoint']!r}; give one of them", {"field": side})
+            raise Failure("bad_request",
+                          f"{side} is given both as a file and as checkpoint "
+                          f"{ref['checkpoint']!r}; give one of them", {"field": side})
         raw[side] = {**ref, "checkpoint": up.object_id}
     for side in SIDES:
         if side not in raw:
@@ -159,7 +159,7 @@ def assemble_spec(raw: Any, files: Mapping[str, StagedCheckpoint]) -> Spec:
         raise validation_error("invalid_spec", "invalid spec", list(exc.errors())) from None
 
 
-def _local_path_refused(field: str, what: str, endpoint: str) -> DomainError:
+def _local_path_refused(field: str, what: str, endpoint: str) -> Failure:
     return _spec_error(f"{field}: local paths are only accepted by `stitchsim-server run`; "
                        f"upload {what} with {endpoint} and give its id", field,
                        code="local_path_refused")
@@ -226,27 +226,15 @@ def check_spec(ctx: Context, owner: str, spec_doc: dict[str, Any]) -> Estimate |
     settings = ctx.settings
     with _pending_check(ctx, owner):
         outcome = ctx.queue.check_spec(spec_doc, settings.check_timeout_s)
-    if outcome.error is not None:
-        err = outcome.error
-        code = str(err.get("code") or "invalid_spec")
-        if codes.get(code) is None:
-            log.warning("the spec check answered an unregistered code %r", code)
-            code = "invalid_spec"
-        raise DomainError(code, str(err.get("message") or "the spec cannot work"),
-                          err.get("details"))
+    if outcome.failure is not None:
+        raise outcome.failure  # as the engine raised it; the gateway answers its code
     if outcome.busy:
         log.warning("submission refused: %s", outcome.note)
-        raise DomainError("spec_check_busy",
-                          f"the spec could not be checked now ({outcome.note}); the job was not "
-                          "queued: retry after the time Retry-After gives",
-                          {"check_timeout_s": settings.check_timeout_s},
-                          retry_after=settings.check_retry_after_s)
+        raise Failure("spec_check_busy",
+                      f"the spec could not be checked now ({outcome.note}); the job was not "
+                      "queued: retry after the time Retry-After gives",
+                      {"check_timeout_s": settings.check_timeout_s},
+                      retry_after=settings.check_retry_after_s)
     if not outcome.checked:
         log.info("job accepted unchecked: %s", outcome.note)
-    if outcome.estimate is None:
-        return None
-    try:
-        return Estimate.model_validate(outcome.estimate)
-    except ValidationError:
-        log.warning("the spec check answered an unreadable estimate %r", outcome.estimate)
-        return None
+    return outcome.estimate

@@ -8,8 +8,8 @@ import time
 from anyio import to_thread
 from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from stitchsim.failure import Failure
 from stitchsim_service.core.context import Context
-from stitchsim_service.core.errors import DomainError
 from stitchsim_service.core.keys import LOCAL_OWNER, owner_for_key
 from stitchsim_service.core.settings import Settings, is_loopback
 from stitchsim_service.gateway.watch import JobWatcher
@@ -87,8 +87,8 @@ async def get_owner(
             owner = await to_thread.run_sync(owner_for_key, ctx.db, key)
             _keys.put(key, owner)
         if owner is None:
-            raise DomainError("unauthorized", "this API key is not valid (unknown or revoked)")
+            raise Failure("unauthorized", "this API key is not valid (unknown or revoked)")
         return owner
     if required:
-        raise DomainError("unauthorized", _NO_KEY_MESSAGE)
+        raise Failure("unauthorized", _NO_KEY_MESSAGE)
     return LOCAL_OWNER

@@ -32,7 +32,7 @@ from typing import Any
 from fastapi import Depends, Request
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from stitchsim_service.core.errors import DomainError
+from stitchsim.failure import Failure
 from stitchsim_service.core.settings import Settings, get_settings
 from stitchsim_service.gateway.deps import get_ctx, get_owner
 from stitchsim_service.gateway.middleware import HTTPMiddleware
@@ -109,19 +109,19 @@ class UploadSlots:
 
     def take(self, owner: str, settings: Settings) -> None:
         if self.total >= settings.max_concurrent_uploads:
-            raise DomainError("too_many_uploads",
-                              f"the service is receiving {self.total} uploads, as many as it "
-                              "takes at once (STITCHSIM_MAX_CONCURRENT_UPLOADS); retry shortly",
-                              {"limit": settings.max_concurrent_uploads, "scope": "service"},
-                              retry_after=settings.upload_retry_after_s)
+            raise Failure("too_many_uploads",
+                          f"the service is receiving {self.total} uploads, as many as it "
+                          "takes at once (STITCHSIM_MAX_CONCURRENT_UPLOADS); retry shortly",
+                          {"limit": settings.max_concurrent_uploads, "scope": "service"},
+                          retry_after=settings.upload_retry_after_s)
         mine = self.by_owner.get(owner, 0)
         if mine >= settings.max_concurrent_uploads_per_key:
-            raise DomainError("too_many_uploads",
-                              f"this key already has {mine} uploads in progress, as many as "
-                              "allowed (STITCHSIM_MAX_CONCURRENT_UPLOADS_PER_KEY); send the "
-                              "next when one has finished",
-                              {"limit": settings.max_concurrent_uploads_per_key, "scope": "key"},
-                              retry_after=settings.upload_retry_after_s)
+            raise Failure("too_many_uploads",
+                          f"this key already has {mine} uploads in progress, as many as "
+                          "allowed (STITCHSIM_MAX_CONCURRENT_UPLOADS_PER_KEY); send the "
+                          "next when one has finished",
+                          {"limit": settings.max_concurrent_uploads_per_key, "scope": "key"},
+                          retry_after=settings.upload_retry_after_s)
         self.total += 1
         self.by_owner[owner] = mine + 1
 

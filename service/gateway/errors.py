@@ -1,5 +1,7 @@
-"""The one place where errors become HTTP answers: {"error": {"code", "message", "details"}}
-with the status the error-code registry (stitchsim.codes) gives the code.
+"""The one place where errors become HTTP answers: a Failure (stitchsim.failure), raised by
+the core, the gateway or the engine's spec check, is answered as
+{"error": {"code", "message", "details"}} with the status the error-code registry
+(stitchsim.codes) gives its code.
 
 Bad input is always a 4xx with a message that says what to fix; a 500 means a bug of ours and
 never carries a traceback.
@@ -18,23 +20,30 @@ from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from stitchsim import codes
+from stitchsim.failure import Failure
 from stitchsim.files.errors import SafetensorsError
-from stitchsim_service.core.errors import DomainError, validation_error
+from stitchsim_service.core.errors import validation_error
 from stitchsim_service.core.store import StoreError
 
 log = logging.getLogger("stitchsim.service")
 
 
-def status_of(exc: DomainError) -> int:
-    return codes.status_of(exc.code)
+def status_of(exc: Failure) -> int:
+    """The registry's status for the code; 500 for a code outside the registry or one that is
+    never an HTTP answer (a bug of ours: answer() logs it)."""
+    entry = exc.entry
+    return entry.status if entry is not None and entry.status is not None else 500
 
 
 def body(code: str, message: str, details: Any = None) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, "details": details}}
 
 
-def answer(exc: DomainError) -> JSONResponse:
+def answer(exc: Failure) -> JSONResponse:
     status = status_of(exc)
+    if status == 500 and exc.code != "internal":
+        log.error("a failure with no HTTP status reached the gateway: %r", exc)
+        exc = Failure("internal", "internal error; it has been logged")
     headers = {}
     if exc.retry_after is not None:
         headers["Retry-After"] = str(int(exc.retry_after))
@@ -48,9 +57,9 @@ def answer(exc: DomainError) -> JSONResponse:
                         headers=headers or None)
 
 
-def file_error(exc: SafetensorsError, what: str) -> DomainError:
-    """A refused file as a domain error: its code says 415 (another format) or 422."""
-    return DomainError(exc.code, f"{what}: {exc.message}", exc.details)
+def file_error(exc: SafetensorsError, what: str) -> Failure:
+    """A refused file as the Failure answered: its code says 415 (another format) or 422."""
+    return Failure(exc.code, f"{what}: {exc.message}", exc.details)
 
 
 def _document_error_bodies(app: FastAPI) -> None:
@@ -84,8 +93,8 @@ def _document_error_bodies(app: FastAPI) -> None:
 def install_handlers(app: FastAPI) -> None:
     _document_error_bodies(app)
 
-    @app.exception_handler(DomainError)
-    async def _domain(request: Request, exc: DomainError) -> JSONResponse:
+    @app.exception_handler(Failure)
+    async def _failure(request: Request, exc: Failure) -> JSONResponse:
         return answer(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -109,10 +118,10 @@ def install_handlers(app: FastAPI) -> None:
     @app.exception_handler(OperationalError)
     async def _db(request: Request, exc: OperationalError) -> JSONResponse:
         log.error("job table error: %s", exc)
-        return answer(DomainError("database_unavailable",
-                                  "the job table is unavailable; retry later", retry_after=10))
+        return answer(Failure("database_unavailable",
+                              "the job table is unavailable; retry later", retry_after=10))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return answer(DomainError("internal", "internal error; it has been logged"))
+        return answer(Failure("internal", "internal error; it has been logged"))

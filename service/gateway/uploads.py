@@ -21,6 +21,7 @@ import anyio
 from fastapi import Request
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
+from stitchsim.failure import Failure
 from stitchsim.files.errors import SafetensorsError
 from stitchsim.files.header import Header, header_length, read_header
 from stitchsim.files.limits import SNIFF_BYTES
@@ -28,7 +29,6 @@ from stitchsim.files.sniff import sniff
 from stitchsim_service.core import objects
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.db import ObjectRow
-from stitchsim_service.core.errors import DomainError
 from stitchsim_service.core.settings import Settings
 from stitchsim_service.core.store import StoreError, write_error
 from stitchsim_service.core.tmpfiles import new_upload_path
@@ -40,8 +40,8 @@ _DRAIN_LIMIT = 256 * 1024 * 1024
 _SPOOL = "the upload spool (STITCHSIM_DATA_DIR/tmp)"
 
 
-def _too_large(what: str, limit: int) -> DomainError:
-    return DomainError(
+def _too_large(what: str, limit: int) -> Failure:
+    return Failure(
         "too_large",
         f"{what} is larger than the {limit} bytes this service accepts "
         "(STITCHSIM_MAX_UPLOAD_BYTES)",
@@ -261,7 +261,7 @@ class UploadReceiver:
         try:
             return int(raw)
         except ValueError:
-            raise DomainError("bad_request", "Content-Length is not a number") from None
+            raise Failure("bad_request", "Content-Length is not a number") from None
 
     async def _drain(self) -> None:
         # Read (and drop) what the client is still sending, so it receives our error instead of
@@ -283,7 +283,7 @@ class UploadReceiver:
                 if chunk and spool.add(chunk):
                     await spool.flush()
             self.files[field_name] = await spool.finish()
-        except DomainError as exc:
+        except Failure as exc:
             spool.abort()
             if status_of(exc) != 413:
                 await self._drain()
@@ -296,7 +296,7 @@ class UploadReceiver:
         ctype, params = parse_options_header(self.request.headers.get("content-type", ""))
         boundary = params.get(b"boundary")
         if ctype != b"multipart/form-data" or not boundary:
-            raise DomainError("bad_request", "expected multipart/form-data with a boundary")
+            raise Failure("bad_request", "expected multipart/form-data with a boundary")
         n_files = max(1, len(self.file_fields))
         total_limit = (n_files * self.settings.max_upload_bytes + self.settings.max_spec_bytes
                        + 65536)
@@ -351,18 +351,18 @@ class UploadReceiver:
                 try:
                     parser.write(chunk)
                 except MultipartParseError as exc:
-                    raise DomainError("bad_request", f"malformed multipart body: {exc}") from None
+                    raise Failure("bad_request", f"malformed multipart body: {exc}") from None
                 await self._handle(events, state)
                 events.clear()
             try:
                 parser.finalize()
             except MultipartParseError as exc:
-                raise DomainError("bad_request", f"malformed multipart body: {exc}") from None
+                raise Failure("bad_request", f"malformed multipart body: {exc}") from None
             await self._handle(events, state)
             if state["name"] is not None:
-                raise DomainError("bad_request",
-                                  "the multipart body ended in the middle of a part")
-        except DomainError as exc:
+                raise Failure("bad_request",
+                              "the multipart body ended in the middle of a part")
+        except Failure as exc:
             self.cleanup()
             if status_of(exc) != 413:
                 await self._drain()
@@ -378,7 +378,7 @@ class UploadReceiver:
                 name = disp.get(b"name", b"").decode("utf-8", "replace")
                 filename = disp.get(b"filename")
                 if name in self.files or name in self.texts:
-                    raise DomainError("bad_request", f"field {name!r} given twice")
+                    raise Failure("bad_request", f"field {name!r} given twice")
                 state["name"] = name
                 if name in self.file_fields:
                     state["spool"] = self._new_spool(
@@ -388,7 +388,7 @@ class UploadReceiver:
                     state["text"] = bytearray()
                 else:
                     allowed = sorted(self.file_fields | self.text_fields)
-                    raise DomainError(
+                    raise Failure(
                         "bad_request",
                         f"unexpected form field {name!r}; this endpoint takes {allowed}",
                     )
@@ -414,7 +414,7 @@ class UploadReceiver:
                     try:
                         self.texts[name] = bytes(state["text"]).decode("utf-8")
                     except UnicodeDecodeError:
-                        raise DomainError("bad_request", f"field {name!r} is not UTF-8") from None
+                        raise Failure("bad_request", f"field {name!r} is not UTF-8") from None
                 state["spool"], state["text"], state["name"] = None, None, None
 
 
@@ -425,7 +425,7 @@ async def validate_safetensors(upload: UploadedFile, settings: Settings, what: s
         return read_header(upload.path, max_header_bytes=settings.max_header_bytes)
 
     if upload.size == 0:
-        raise DomainError("invalid_safetensors", f"{what} is empty")
+        raise Failure("invalid_safetensors", f"{what} is empty")
     try:
         header = await anyio.to_thread.run_sync(check)
     except SafetensorsError as exc:
@@ -443,7 +443,7 @@ async def receive_single_file(request: Request, settings: Settings) -> UploadedF
     elif ctype.startswith("application/octet-stream") or ctype == "":
         await receiver.receive_raw("file")
     else:
-        raise DomainError(
+        raise Failure(
             "unsupported_media_type",
             "send the file as multipart/form-data (field 'file') or as "
             f"application/octet-stream, not {ctype!r}",
@@ -451,7 +451,7 @@ async def receive_single_file(request: Request, settings: Settings) -> UploadedF
     upload = receiver.files.get("file")
     if upload is None:
         receiver.cleanup()
-        raise DomainError("bad_request", "no file given: send it in the multipart field 'file'")
+        raise Failure("bad_request", "no file given: send it in the multipart field 'file'")
     return upload
 
 

@@ -1,5 +1,5 @@
 """The contract stands alone: the models import without httpx or the SDK, the enumerations
-have one ordering each (their Literal's), built-in datasets come from one catalogue."""
+have one ordering each (the catalogue's), built-in datasets come from one catalogue."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ import subprocess
 import sys
 from typing import get_args
 
+import pytest
 import stitchsim
-from stitchsim import codes, models
+from pydantic import ValidationError
+from stitchsim import catalogue, codes, models
 from stitchsim.datasets import BUILTIN
 
 
@@ -37,12 +39,28 @@ def test_package_names_resolve_lazily() -> None:
 
 
 def test_one_ordering_per_enumeration() -> None:
-    assert models.OBJECTIVES == get_args(models.Objective) == ("hlm", "slm", "dm", "fula")
-    assert get_args(models.Protocol) == models.PROTOCOLS
-    assert models.PROTOCOLS[:2] == ("standard", "invariance_aware")
-    assert models.DIRECTIONS == ("front_to_back", "back_to_front")
-    assert get_args(models.Control) == models.CONTROLS
+    assert catalogue.OBJECTIVES.names == ("hlm", "slm", "dm", "fula")
+    assert catalogue.PROTOCOLS.names[:2] == ("standard", "invariance_aware")
+    assert models.DIRECTIONS == get_args(models.Direction) == ("front_to_back", "back_to_front")
     assert set(models.ACTIVE_STATES) | set(models.TERMINAL_STATES) == set(models.JOB_STATES)
+
+
+def test_the_spec_takes_the_catalogue_names_and_lists_them_in_its_schema() -> None:
+    schema = models.Spec.model_json_schema()["properties"]
+    for field, kind in (("objectives", catalogue.OBJECTIVES), ("protocols", catalogue.PROTOCOLS),
+                        ("controls", catalogue.CONTROLS), ("measures", catalogue.MEASURES)):
+        assert schema[field]["items"]["enum"] == list(kind.names)
+        # The OpenAPI text is the catalogue's: every name with its description.
+        assert all(f"{e.name}: {e.description}" in schema[field]["description"] for e in kind)
+    base = {"front": {"checkpoint": "sha256:" + "a" * 64},
+            "back": {"checkpoint": "sha256:" + "b" * 64}}
+    assert models.Spec.model_validate(base).protocols == list(
+        catalogue.PROTOCOLS.where(default=True))
+    with pytest.raises(ValidationError) as refused:
+        models.Spec.model_validate({**base, "protocols": ["standard", "telepathy"]})
+    (error,) = refused.value.errors()
+    assert error["loc"] == ("protocols", 1) and error["type"] == "literal_error"
+    assert "'standard', 'invariance_aware', 'adversarial' or 'cross_task'" in error["msg"]
 
 
 def test_builtin_datasets_come_from_one_catalogue() -> None:

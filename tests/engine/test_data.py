@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from stitchsim.failure import Failure
 from stitchsim.models import BUILTIN_DATASETS, LocalPath, TrainSettings
-from stitchsim_worker.engine import Resources, SpecError
+from stitchsim_worker.engine import Resources
 from stitchsim_worker.engine.data.datasets import (
     CLASS_COLOURS,
     builtin,
@@ -107,10 +108,10 @@ def test_uploaded_files_round_trip(tmp_path: Path) -> None:
 def test_bad_dataset_files_say_what_to_fix(tmp_path: Path, tensors: dict, message: str) -> None:
     path = tmp_path / "bad.safetensors"
     save_file(tensors, str(path))
-    with pytest.raises(SpecError, match=message):
+    with pytest.raises(Failure, match=message):
         load_dataset(LocalPath(path=str(path)), Resources(cache_dir=tmp_path), TrainSettings())
 
 
 def test_unknown_builtin_lists_the_valid_names(tmp_path: Path) -> None:
-    with pytest.raises(SpecError, match="digits_marker"):
+    with pytest.raises(Failure, match="digits_marker"):
         load_dataset("mnist", Resources(cache_dir=tmp_path), TrainSettings())

@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from stitchsim_worker.engine import EngineFailure
+from stitchsim.failure import Failure
 from stitchsim_worker.engine.stitching.objectives import OBJECTIVES
 from stitchsim_worker.engine.stitching.train import FitTask
 
@@ -28,7 +28,7 @@ def test_an_engine_failure_names_where_it_happened(
     monkeypatch.setitem(OBJECTIVES, "fula", dataclasses.replace(OBJECTIVES["fula"], fit=_broken))
     s = spec(ckpts.digits_resnet, ckpts.digits_resnet_b, objectives=["dm", "fula"],
              protocols=["standard"], layers=layers("layer2"), train=QUICK)
-    with caplog.at_level(logging.ERROR), pytest.raises(EngineFailure) as failure:
+    with caplog.at_level(logging.ERROR), pytest.raises(Failure) as failure:
         run(s, tmp_path)
     message = failure.value.message
     assert message.startswith("the engine failed during train front_to_back layer2->layer2 ")

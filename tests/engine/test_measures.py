@@ -9,8 +9,8 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from stitchsim.failure import Failure
 from stitchsim.models import MeasureSettings
-from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.measures.knn import knn_overlap
 from stitchsim_worker.engine.measures.similarity import MEASURES as REGISTRY
 from stitchsim_worker.engine.measures.similarity import (
@@ -18,7 +18,6 @@ from stitchsim_worker.engine.measures.similarity import (
     batching,
     estimate,
     measure,
-    partition,
     prepare,
 )
 from stitchsim_worker.engine.stitching.bank import BankBuilder
@@ -126,7 +125,7 @@ def test_bootstrap_weights_are_the_resampled_batch_without_self_pairs() -> None:
 
 def test_mini_batches_accumulate_hsic_over_batches() -> None:
     x, y = _data(500, 30, 20, noise=1.0, seed=2)
-    batches = partition(500, 128, seed=3)
+    batches = batching(500, 128, 3, CPU).batches
     assert [len(b) for b in batches] == [125] * 4
     assert torch.equal(torch.cat(batches).sort().values, torch.arange(500))
     value = linear_cka([_t(x[b.numpy()]) for b in batches], [_t(y[b.numpy()]) for b in batches],
@@ -201,7 +200,7 @@ def test_mutual_knn_of_identical_rotated_and_unrelated_inputs() -> None:
 
 def test_mutual_knn_asks_for_more_samples_than_neighbours() -> None:
     x, y = _data(8, 4, 4, noise=1.0, seed=13)
-    with pytest.raises(SpecError, match="knn_k"):
+    with pytest.raises(Failure, match="knn_k"):
         mutual_knn([_t(x)], [_t(y)], SETTINGS, 0)
 
 
@@ -221,7 +220,7 @@ def test_banks_of_feature_maps_are_flattened_and_batched(tmp_path) -> None:  # t
     est = estimate(entry, prepare(entry, x, plan, settings, CPU, lambda: steps.append(1)),
                    prepare(entry, y, plan, settings, CPU), settings)
     assert len(steps) == 3
-    parts = partition(300, 100, 0)
+    parts = plan.batches
     flat_x, flat_y = maps.reshape(300, -1).astype(np.float64), tokens.reshape(300, -1)
     direct = _cka_direct([flat_x[p.numpy()] for p in parts],
                          [flat_y[p.numpy()].astype(np.float32).astype(np.float64)

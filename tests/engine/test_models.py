@@ -9,8 +9,9 @@ import pytest
 import timm
 import torch
 from safetensors.torch import save_file
+from stitchsim.failure import Failure
 from stitchsim.models import ModelRef
-from stitchsim_worker.engine import SpecError, list_stitch_points
+from stitchsim_worker.engine import list_stitch_points
 from stitchsim_worker.engine.models.loading import build_model, save_checkpoint
 
 
@@ -39,7 +40,7 @@ def test_arch_and_kwargs_come_from_the_checkpoint_metadata(tmp_path: Path) -> No
 
 def test_unknown_and_remote_architectures_are_refused(tmp_path: Path) -> None:
     path = _ckpt(tmp_path)
-    with pytest.raises(SpecError, match="not a timm architecture"):
+    with pytest.raises(Failure, match="not a timm architecture"):
         _build(path, arch="resnet_does_not_exist")
     with pytest.raises(ValueError, match="plain timm model name"):
         ModelRef(checkpoint="sha256:00", arch="hf-hub:timm/resnet18.a1_in1k")
@@ -47,10 +48,10 @@ def test_unknown_and_remote_architectures_are_refused(tmp_path: Path) -> None:
 
 def test_weights_that_do_not_fit_name_the_keys_and_shapes(tmp_path: Path) -> None:
     path = _ckpt(tmp_path)
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(Failure) as e:
         _build(path, arch="test_resnet", arch_kwargs={"num_classes": 7})
     assert "fc.weight: checkpoint (10, 96) vs model (7, 96)" in e.value.message
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(Failure) as e:
         _build(path, arch="test_convnext", arch_kwargs={"num_classes": 10})
     assert "missing keys: stem" in e.value.message and "unexpected keys" in e.value.message
 
@@ -58,20 +59,20 @@ def test_weights_that_do_not_fit_name_the_keys_and_shapes(tmp_path: Path) -> Non
 def test_missing_arch_and_bad_metadata_are_explained(tmp_path: Path) -> None:
     bare = tmp_path / "bare.safetensors"
     save_file({"w": torch.zeros(2)}, str(bare))
-    with pytest.raises(SpecError, match="no architecture given"):
+    with pytest.raises(Failure, match="no architecture given"):
         _build(bare)
     bad = tmp_path / "bad.safetensors"
     save_file(
         {"w": torch.zeros(2)}, str(bad), metadata={"arch": "test_resnet", "arch_kwargs": "{oops"}
     )
-    with pytest.raises(SpecError, match="not valid JSON"):
+    with pytest.raises(Failure, match="not valid JSON"):
         _build(bad)
 
 
 def test_pickle_and_garbage_files_are_refused(tmp_path: Path) -> None:
     pickled = tmp_path / "model.safetensors"
     torch.save({"w": torch.zeros(2)}, pickled)
-    with pytest.raises(SpecError, match="not a readable safetensors file"):
+    with pytest.raises(Failure, match="not a readable safetensors file"):
         _build(pickled, arch="test_resnet")
 
 

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 import torch
+from stitchsim.failure import Failure
 from stitchsim.models import ModelRef, Report, Spec, TrainSettings
-from stitchsim_worker.engine import Resources, SpecError, check_spec, list_stitch_points, run_job
+from stitchsim_worker.engine import Resources, check_spec, list_stitch_points, run_job
 from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
 from stitchsim_worker.engine.measures.metrics import evaluate
 from stitchsim_worker.engine.models.loading import (
@@ -352,7 +353,7 @@ def test_unstitchable_points_are_refused_at_the_spec_check_and_not_listed(
     spec = Spec.model_validate(
         {"front": _ref(ckpt), "back": _ref(ckpt), "layers": [{"front": point, "back": point}]}
     )
-    with pytest.raises(SpecError) as raised:
+    with pytest.raises(Failure) as raised:
         check_spec(spec, resources=Resources(cache_dir=tmp_path))
     assert raised.value.code == "unstitchable_point"
     assert point in raised.value.message and why in raised.value.message
@@ -392,5 +393,5 @@ def test_integer_outputs_and_dead_branches_are_refused() -> None:
     assert "holds int64 values" in net.unstitchable["bucket"]
     assert "do not depend" in net.unstitchable["unused"]
     assert net.points == ["conv", "pool", "fc"]
-    with pytest.raises(SpecError, match="cannot be stitched at 'unused'"):
+    with pytest.raises(Failure, match="cannot be stitched at 'unused'"):
         net.check_point("unused")

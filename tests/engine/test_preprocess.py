@@ -112,7 +112,10 @@ def test_a_model_at_chance_is_flagged_and_gets_no_verdict(
                       threshold=0.5), tmp_path)
     assert report.front.near_chance and report.back.near_chance
     assert report.front.chance_accuracy == pytest.approx(0.1)
-    assert any("FRONT MODEL IS AT CHANCE" in w for w in report.warnings)
+    # Written once, by the engine, in the model's summary (not again among the job's warnings).
+    assert report.front.chance_warning is not None
+    assert report.front.chance_warning.startswith("THE FRONT MODEL IS AT CHANCE")
+    assert not any("AT CHANCE" in w for w in report.warnings)
     assert report.verdict is None
     assert report.verdict_reason is not None and "chance" in report.verdict_reason
     assert "preprocessing" in report.verdict_reason
@@ -131,7 +134,8 @@ def test_candidates_are_the_architecture_config_plain_pixels_and_half() -> None:
 def test_images_too_small_for_any_model_are_refused_with_what_to_do(
     plain: tuple[Path, float], tmp_path: Path
 ) -> None:
-    from stitchsim_worker.engine import Resources, SpecError, check_spec
+    from stitchsim.failure import Failure
+    from stitchsim_worker.engine import Resources, check_spec
 
     g = torch.Generator().manual_seed(0)
     tiny = tmp_path / "tiny.safetensors"
@@ -143,7 +147,7 @@ def test_images_too_small_for_any_model_are_refused_with_what_to_do(
     }, str(tiny))
     path, _ = plain
     s = spec(path, path, dataset={"path": str(tiny)}, layers=layers("layer2"))
-    with pytest.raises(SpecError) as e:
+    with pytest.raises(Failure) as e:
         check_spec(s, resources=Resources(cache_dir=tmp_path))
     assert e.value.code == "images_too_small"
     assert "1x1 px" in e.value.message and "front.input_size" in e.value.message

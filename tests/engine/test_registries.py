@@ -1,41 +1,88 @@
-"""Objectives, protocols and controls are registered entries (issue 13): the registries are
-the engine's one list of them, and they match the contract's enumerations."""
+"""One catalogue for the vocabulary (issue 27): every name a user can write is one entry of
+stitchsim.catalogue, and the engine's registries attach behaviour to the same names, in the
+same order. A report that uses every entry renders on the page and in the table, so a new
+entry cannot fail on a user's page."""
 
 from __future__ import annotations
 
-from typing import get_args
+import html
 
 import pytest
-from stitchsim.models import Control, Measure, Objective, Protocol
+from stitchsim import catalogue
+from stitchsim.table import format_table
+from stitchsim_service.gateway.pages import render_report_page
 from stitchsim_worker.engine.measures.similarity import MEASURES
 from stitchsim_worker.engine.protocols import PROTOCOLS
 from stitchsim_worker.engine.protocols.controls import CONTROLS
+from stitchsim_worker.engine.protocols.cues import CUES
+from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.stitching.objectives import (
     OBJECTIVES,
     ObjectiveEntry,
     register_objective,
 )
 
+from tests.report.every_entry import report_with_every_entry
 
-@pytest.mark.parametrize(
-    ("registry", "names"),
-    [(OBJECTIVES, Objective), (PROTOCOLS, Protocol), (CONTROLS, Control),
-     (MEASURES, Measure)],
-    ids=["objectives", "protocols", "controls", "measures"],
-)
-def test_every_contract_name_has_exactly_one_entry(registry: dict, names: object) -> None:
-    assert list(registry) == list(get_args(names))
-    for name, entry in registry.items():
-        assert entry.name == name
-        assert entry.label and len(entry.description) > 20
+ENGINE: dict[str, Registry] = {  # type: ignore[type-arg]
+    catalogue.OBJECTIVES.kind: OBJECTIVES,
+    catalogue.PROTOCOLS.kind: PROTOCOLS,
+    catalogue.CONTROLS.kind: CONTROLS,
+    catalogue.CUES.kind: CUES,
+    catalogue.MEASURES.kind: MEASURES,
+}
+WITHOUT_ENGINE_REGISTRY = {
+    catalogue.MEASURE_INPUTS.kind: "real inputs and IRIs are the two inputs measures.in_job "
+                                   "feeds every measure; nothing to register",
+    catalogue.MODEL_SOURCES.kind: "timm is the one source: models.loading builds every arch "
+                                  "with it (issue 28 brings the sources' registry)",
+    catalogue.OUTPUT_KINDS.kind: "logits are the one output kind the metrics read (issue 28)",
+    catalogue.DATASET_FORMATS.kind: "safetensors is the one format data.datasets reads "
+                                    "(issue 29 brings the readers' registry)",
+}
+
+
+@pytest.mark.parametrize("kind", catalogue.KINDS, ids=lambda k: k.kind)
+def test_every_catalogue_kind_and_its_engine_registry_hold_the_same_names_in_order(
+    kind: catalogue.Kind,  # type: ignore[type-arg]
+) -> None:
+    # A new kind must say where its behaviour lives.
+    assert (kind.kind in ENGINE) != (kind.kind in WITHOUT_ENGINE_REGISTRY), kind.kind
+    for entry in kind:
+        assert entry.label and len(entry.description) > 15, entry.name
+    if kind.kind in ENGINE:
+        registry = ENGINE[kind.kind]
+        assert list(registry) == list(kind.names)
+        assert all(entry.name == name for name, entry in registry.items())
+
+
+def test_a_report_with_every_entry_renders_on_the_page_and_in_the_table() -> None:
+    report = report_with_every_entry()
+    page, table = render_report_page(report), format_table(report)
+    for kind in (catalogue.OBJECTIVES, catalogue.PROTOCOLS, catalogue.CONTROLS, catalogue.CUES,
+                 catalogue.MEASURES, catalogue.MEASURE_INPUTS):
+        for entry in kind:
+            assert html.escape(entry.label, quote=False) in page, (kind.kind, entry.name)
+            assert entry.name in table, (kind.kind, entry.name)
+    # Each protocol is drawn in its catalogue style (its own series on the agreement plot).
+    for protocol in catalogue.PROTOCOLS.names:
+        assert f"series-agreement-front_to_back-slm-{protocol}" in page
+        assert catalogue.PROTOCOLS[protocol].style.color.lower() in page.lower()
 
 
 def test_an_entry_cannot_be_registered_twice() -> None:
     with pytest.raises(ValueError, match="registered twice"):
-        register_objective(ObjectiveEntry(name="slm", label="x", description="x",
-                                          fit=lambda task: 0.0, cost=lambda n, s: 0))
+        register_objective(ObjectiveEntry(name="slm", fit=lambda task: 0.0, cost=lambda n, s: 0))
+    with pytest.raises(ValueError, match="catalogued twice"):
+        catalogue.OBJECTIVES.register(catalogue.OBJECTIVES["slm"])
 
 
-def test_closed_form_and_alignment_flags_say_what_the_objectives_need() -> None:
-    assert [n for n, e in OBJECTIVES.items() if e.closed_form] == ["dm"]
-    assert [n for n, e in OBJECTIVES.items() if e.aligns_later_points] == ["fula"]
+def test_the_flags_say_what_the_entries_need() -> None:
+    assert catalogue.OBJECTIVES.where(closed_form=True) == ("dm",)
+    assert catalogue.OBJECTIVES.where(aligns_later_points=True) == ("fula",)
+    assert catalogue.OBJECTIVES.where(labels_only=True) == ("hlm",)
+    assert catalogue.drop_protocols() == ("standard", "invariance_aware")
+    assert catalogue.PROTOCOLS.where(in_controls=False) == ("cross_task",)
+    assert catalogue.PROTOCOLS.where(attacks=True) == ("adversarial",)
+    assert catalogue.PROTOCOLS["cross_task"].read_against == ("clustered_noise",)
+    assert catalogue.CONTROLS.where(paints_cues=True) == ("shortcut",)

@@ -4,8 +4,15 @@ verdict, caveats) on hand-made rows, so every figure can be checked exactly."""
 from __future__ import annotations
 
 import pytest
+from stitchsim import catalogue
 from stitchsim.models import IRIStats, ModelSummary, ResultRow, Spec
-from stitchsim_worker.engine.measures.summary import summarise, verdict, verdict_caveats, withheld
+from stitchsim_worker.engine.measures.summary import (
+    similarity_protocol,
+    summarise,
+    verdict,
+    verdict_caveats,
+    withheld,
+)
 
 SPEC = Spec.model_validate({
     "front": {"checkpoint": "sha256:" + "a" * 64}, "back": {"checkpoint": "sha256:" + "b" * 64},
@@ -62,6 +69,33 @@ def test_drops_per_point_and_their_means() -> None:
     standard_only = [r for r in ROWS if r.protocol == "standard"]
     assert summarise(SPEC.model_copy(update={"protocols": ["standard"]}), standard_only).drops \
         == []
+
+
+@pytest.mark.parametrize("protocol", catalogue.PROTOCOLS.names)
+def test_any_protocol_run_alone_gives_the_similarity(protocol: str) -> None:
+    rows = [r.model_copy(update={"protocol": protocol}) for r in ROWS if r.protocol == "standard"]
+    s = summarise(SPEC.model_copy(update={"protocols": [protocol]}), rows)
+    assert s.similarity_protocol == protocol and s.similarity == pytest.approx(0.94)
+    assert s.weaker_direction == "front_to_back"
+
+
+def test_a_protocol_new_to_the_catalogue_needs_nothing_of_the_summary(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(catalogue.PROTOCOLS, "entries", catalogue.PROTOCOLS.entries)
+    catalogue.PROTOCOLS.register(catalogue.ProtocolEntry("telepathy", "telepathy", "a new one"))
+    rows = [r.model_copy(update={"protocol": "telepathy"}) for r in ROWS
+            if r.protocol == "standard"]
+    s = summarise(SPEC.model_copy(update={"protocols": ["telepathy"]}), rows)
+    assert s.similarity_protocol == "telepathy" and s.similarity == pytest.approx(0.94)
+    assert similarity_protocol(["telepathy", "standard"]) == "standard"  # rank 0 < 1
+
+
+def test_the_similarity_protocol_is_the_highest_ranked_that_ran() -> None:
+    assert similarity_protocol(catalogue.PROTOCOLS.names) == "invariance_aware"
+    assert similarity_protocol(["cross_task", "standard"]) == "standard"
+    # Equal ranks: the first in catalogue order.
+    assert similarity_protocol(["cross_task", "adversarial"]) == "adversarial"
 
 
 def test_unconverged_iris_are_a_caveat_of_the_verdict() -> None:

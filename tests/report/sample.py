@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from stitchsim import catalogue
 from stitchsim.models import (
     DIRECTIONS,
-    PROTOCOLS,
     Direction,
     IRIStats,
     ModelSummary,
@@ -21,7 +21,12 @@ from stitchsim.models import (
     ResultRow,
     Spec,
 )
-from stitchsim_worker.engine.measures.summary import summarise, verdict_caveats, withheld
+from stitchsim_worker.engine.measures.summary import (
+    chance_warning,
+    summarise,
+    verdict_caveats,
+    withheld,
+)
 from stitchsim_worker.engine.measures.summary import verdict as engine_verdict
 
 __all__ = ["make_sample_report", "summarise"]
@@ -120,6 +125,8 @@ def _models(front_arch: str, back_arch: str, front_layers: tuple[str, ...],
         preprocess=PreprocessInfo(name="inception", input_size=32, mean=(0.5,) * 3,
                                   std=(0.5,) * 3, source="metadata",
                                   note="mean and std from the checkpoint's __metadata__"))
+    # The engine's warning, as it writes it into a model's summary.
+    back.chance_warning = chance_warning(back, "back", "digits")
     return front, back
 
 
@@ -152,15 +159,13 @@ def make_sample_report(threshold: float | None = 0.75, shift: float = 0.0,
         extra = 0.0 if direction == "front_to_back" else 0.015
         for k, (fl, bl) in enumerate(pairs):
             for objective in OBJECTIVES:
-                for protocol in PROTOCOLS[:2]:  # standard, invariance-aware
+                for protocol in catalogue.drop_protocols():  # standard, invariance-aware
                     results.append(_row(direction, k, len(pairs), objective, protocol, fl, bl,
                                         shift + extra))
         controls += _controls(direction, pairs)
     summary = summarise(spec, results)
     front, back = _models(front_arch, back_arch, front_layers, back_layers, spec, near_chance)
     reason = withheld(spec, front, back)
-    if near_chance:
-        warnings = [*(warnings or []), "THE BACK MODEL IS AT CHANCE: resnet26 scores 0.098"]
     return Report(
         job_id="job_0123456789abcdef", spec=spec, front=front, back=back,
         dataset={"name": "digits", "n_train": 1437, "n_test": 360, "n_classes": 10,

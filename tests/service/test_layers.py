@@ -2,7 +2,8 @@
 worker → service core ← gateway, all → contract (DESIGN §2). And every error code the tree
 uses is in the registry.
 
-    contract   stitchsim.models, .catalogue, .codes, .datasets, .jsondepth, .files: nothing of ours
+    contract   stitchsim.models, .catalogue, .codes, .failure, .datasets, .jsondepth, .files:
+               nothing of ours
                outside itself, no httpx
     view       stitchsim.view, .table, .junit: the contract only
     sdk, cli   the rest of stitchsim: nothing of the service or the worker
@@ -24,8 +25,8 @@ from stitchsim import codes
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {ROOT / "client" / "stitchsim": "stitchsim", ROOT / "service": "stitchsim_service",
             ROOT / "worker": "stitchsim_worker"}
-CONTRACT = ("stitchsim.models", "stitchsim.catalogue", "stitchsim.codes", "stitchsim.datasets",
-            "stitchsim.jsondepth", "stitchsim.files")
+CONTRACT = ("stitchsim.models", "stitchsim.catalogue", "stitchsim.codes", "stitchsim.failure",
+            "stitchsim.datasets", "stitchsim.jsondepth", "stitchsim.files")
 VIEW = ("stitchsim.view", "stitchsim.table", "stitchsim.junit")
 HTTP_FRAMEWORK = ("fastapi", "starlette")
 TORCH = ("torch", "torchvision", "timm")
@@ -138,7 +139,7 @@ def test_the_layer_rules_catch_what_they_are_for() -> None:
 
 # ---------------------------------------------------------------- the error-code registry
 
-_RAISERS = {"DomainError", "Unavailable", "SpecError", "ApiError"}
+_RAISERS = {"Failure", "ApiError"}
 
 
 def _codes_used(path: Path) -> Iterator[tuple[int, str]]:
@@ -147,7 +148,7 @@ def _codes_used(path: Path) -> Iterator[tuple[int, str]]:
         if isinstance(node, ast.Call):
             name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
             first = node.args[0] if node.args else None
-            if (name in _RAISERS and name != "SpecError" and isinstance(first, ast.Constant)
+            if (name in _RAISERS and isinstance(first, ast.Constant)
                     and isinstance(first.value, str)):
                 yield node.lineno, first.value
             for kw in node.keywords:
@@ -171,6 +172,37 @@ def test_every_error_code_in_the_tree_is_registered() -> None:
     unknown = [f"{p.relative_to(ROOT)}:{line}: {code!r}" for p, line, code in used
                if code not in codes.CODES]
     assert not unknown, "codes missing from stitchsim.codes:\n" + "\n".join(unknown)
+
+
+def _sets_a_code(cls: ast.ClassDef) -> bool:
+    for node in ast.walk(cls):
+        if isinstance(node, ast.Assign):
+            targets = [t for target in node.targets
+                       for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+            if any((getattr(t, "id", None) or getattr(t, "attr", None)) == "code"
+                   for t in targets):
+                return True
+    return False
+
+
+def test_one_failure_type_carries_the_codes() -> None:
+    """Every class of ours that carries an error code of its own is a Failure (the contract's
+    stitchsim.failure), so one type goes from the engine to the client; no second one."""
+    classes: dict[str, tuple[list[str], bool, Path]] = {}
+    for _, path in _modules():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ClassDef):
+                bases = [getattr(b, "id", None) or getattr(b, "attr", None) or ""
+                         for b in node.bases]
+                classes[node.name] = (bases, _sets_a_code(node), path)
+
+    def is_failure(name: str) -> bool:
+        return name == "Failure" or any(is_failure(b) for b in classes.get(name, ([],))[0])
+
+    carriers = [name for name, (_, sets, _) in classes.items() if sets]
+    assert {"Failure", "SafetensorsError", "UnsupportedFormat"} <= set(carriers)  # found
+    others = [f"{classes[n][2].relative_to(ROOT)}: {n}" for n in carriers if not is_failure(n)]
+    assert not others, "error types with a code that are not a Failure:\n" + "\n".join(others)
 
 
 @pytest.mark.parametrize("code", sorted(codes.CODES))

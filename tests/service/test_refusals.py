@@ -77,3 +77,24 @@ def test_activations_above_the_limit_are_refused(live_service, pair) -> None:  #
     assert d["activation_bytes"] > d["limit"] == 4 * 1024**3, err
     assert d["activation_bytes"] == 32 * 512 * 512 * 256 * 4, err
     assert d["batch"] == 256 and "STITCHSIM_MAX_ACTIVATION_BYTES" in err["message"], err
+
+
+def test_the_engines_failure_reaches_the_client_unchanged(live_service, pair, ckpts,  # type: ignore[no-untyped-def]
+                                                          tmp_path) -> None:
+    """One failure type: what the engine raises in its spec check is what the SDK raises, code,
+    message and details as they were, through the check task, the core and the gateway."""
+    from stitchsim import Client, Failure, InvalidRequest, Spec
+    from stitchsim_worker.engine import Resources, check_spec
+
+    resnet, _ = pair
+    local = Spec.model_validate(tiny_spec({"checkpoint": {"path": str(ckpts.digits_resnet)}},
+                                          {"checkpoint": {"path": str(ckpts.digits_resnet)}},
+                                          device="cuda:99"))
+    with pytest.raises(Failure) as engine:
+        check_spec(local, resources=Resources(cache_dir=tmp_path))
+    client = Client(live_service.url, live_service.api_key, retries=0)
+    with pytest.raises(InvalidRequest) as answered:
+        client.submit(tiny_spec({"checkpoint": resnet}, {"checkpoint": resnet},
+                                device="cuda:99"))
+    assert isinstance(answered.value, Failure) and answered.value.status_code == 422
+    assert answered.value.as_dict() == engine.value.as_dict()

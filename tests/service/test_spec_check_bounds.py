@@ -41,14 +41,15 @@ def test_no_check_answer_is_503_not_accepted_unchecked(service_factory, ckpts) -
 
 @pytest.mark.parametrize("model", ["digits_resnet", "digits_vit"])
 def test_models_above_the_parameter_cap_are_refused(ckpts, tmp_path, model: str) -> None:  # type: ignore[no-untyped-def]
-    from stitchsim_worker.engine import Resources, SpecError, check_spec
+    from stitchsim.failure import Failure
+    from stitchsim_worker.engine import Resources, check_spec
 
     path = {"path": str(getattr(ckpts, model))}
     spec = Spec.model_validate(tiny_spec({"checkpoint": path}, {"checkpoint": path},
                                          layers="auto"))
     check_spec(spec, resources=Resources(cache_dir=tmp_path))  # no cap: fine
     check_spec(spec, resources=Resources(cache_dir=tmp_path, max_model_params=10**7))
-    with pytest.raises(SpecError) as info:
+    with pytest.raises(Failure) as info:
         check_spec(spec, resources=Resources(cache_dir=tmp_path, max_model_params=50_000))
     err = info.value
     assert err.code == "model_too_large", err.message
@@ -58,14 +59,15 @@ def test_models_above_the_parameter_cap_are_refused(ckpts, tmp_path, model: str)
 
 @pytest.mark.parametrize("model", ["digits_resnet", "digits_vit"])
 def test_the_budget_counts_what_the_plan_counts(ckpts, tmp_path, model: str) -> None:  # type: ignore[no-untyped-def]
-    from stitchsim_worker.engine import Resources, SpecError, check_spec
+    from stitchsim.failure import Failure
+    from stitchsim_worker.engine import Resources, check_spec
 
     path = {"path": str(getattr(ckpts, model))}
     small = Spec.model_validate(tiny_spec({"checkpoint": path}, {"checkpoint": path},
                                           layers="auto"))
     check_spec(small, resources=Resources(cache_dir=tmp_path, max_job_units=100))
     big = small.model_copy(update={"train": small.train.model_copy(update={"epochs": 200})})
-    with pytest.raises(SpecError) as info:
+    with pytest.raises(Failure) as info:
         check_spec(big, resources=Resources(cache_dir=tmp_path, max_job_units=100))
     err = info.value
     assert err.code == "job_too_large", err.message
@@ -102,8 +104,8 @@ def test_a_large_model_counts_more_units_for_the_same_spec(ckpts, tmp_path) -> N
     import timm
     import torch
     from safetensors.torch import save_file
+    from stitchsim.failure import Failure
     from stitchsim_worker.engine import Resources, check_spec
-    from stitchsim_worker.engine.errors import SpecError
     from stitchsim_worker.engine.job.costs import REFERENCE_FLOPS
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -127,7 +129,7 @@ def test_a_large_model_counts_more_units_for_the_same_spec(ckpts, tmp_path) -> N
     assert small.size_factor == 1.0  # smaller than the reference: a batch is a batch
     assert large.size_factor == pytest.approx(factor, rel=0.01)
     assert large.units == pytest.approx(small.units * factor, abs=1)
-    with pytest.raises(SpecError) as refused:
+    with pytest.raises(Failure) as refused:
         budget(path, limit=small.units + 1)  # room for the small model's job, not the large's
     err = refused.value
     assert err.code == "job_too_large"

@@ -13,7 +13,7 @@ import struct
 from pathlib import Path
 
 import pytest
-from stitchsim_service.core.errors import DomainError
+from stitchsim.failure import Failure
 from stitchsim_service.gateway.uploads import _IOV_MAX, _Spool
 
 
@@ -65,11 +65,11 @@ def test_spool_refuses_beyond_the_cap_and_leaves_nothing(tmp_path: Path) -> None
             for i in range(0, len(body), 65536):
                 if spool.add(body[i:i + 65536]):
                     await spool.flush()
-        except DomainError:
+        except Failure:
             spool.abort()
             raise
 
-    with pytest.raises(DomainError) as err:
+    with pytest.raises(Failure) as err:
         asyncio.run(run())
     assert err.value.code == "too_large"
     assert not (tmp_path / "upload.part").exists()

@@ -7,7 +7,7 @@ import os
 from collections.abc import Iterator
 
 import torch
-from stitchsim_worker.engine.errors import SpecError
+from stitchsim.failure import Failure
 
 
 def pick_device(requested: str) -> torch.device:
@@ -23,9 +23,12 @@ def pick_device(requested: str) -> torch.device:
     index = 0 if device.index is None else device.index
     if index >= count:
         have = ", ".join(["cpu"] + [f"cuda:{i}" for i in range(count)])
-        raise SpecError(f"device {requested!r} is not available on this service's workers "
-                        f"(they have: {have}); use \"auto\" to take what a worker has",
-                        code="device_unavailable", details={"available": have.split(", ")})
+        raise Failure(
+            "device_unavailable",
+            f"device {requested!r} is not available on this service's workers "
+            f"(they have: {have}); use \"auto\" to take what a worker has",
+            {"available": have.split(", ")},
+        )
     return device
 
 

@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stitchsim.failure import Failure
 from stitchsim.models import LocalPath
-from stitchsim_worker.engine.errors import SpecError
 
 ProgressFn = Callable[[str, int, int, float | None], None]
 """progress(stage, done, total, eta_s): called as long stages advance; eta_s is the engine's
@@ -19,7 +19,8 @@ CancelFn = Callable[[], bool]
 
 def _no_store(kind: str) -> Callable[[str], Path]:
     def resolve(ref: str) -> Path:
-        raise SpecError(f"{kind} {ref!r} is a stored id, but this run has no store; give a path")
+        raise Failure("invalid_spec",
+                      f"{kind} {ref!r} is a stored id, but this run has no store; give a path")
 
     return resolve
 
@@ -51,8 +52,9 @@ class Resources:
 
     def _local(self, ref: LocalPath, kind: str) -> Path:
         if not self.allow_local_paths:
-            raise SpecError(f"local {kind} paths are only accepted by `stitchsim-server run`")
+            raise Failure("invalid_spec",
+                          f"local {kind} paths are only accepted by `stitchsim-server run`")
         path = Path(ref.path).expanduser()
         if not path.is_file():
-            raise SpecError(f"{kind} file {str(path)!r} does not exist")
+            raise Failure("invalid_spec", f"{kind} file {str(path)!r} does not exist")
         return path

@@ -65,7 +65,7 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
     if view.no_verdict_despite_threshold(report):
         # Not a pass and not "below threshold": the figures cannot be trusted, and what makes
         # them so is on the user's side (the dataset, arch kwargs or preprocessing).
-        print(f"NO VERDICT: {view.verdict_reason(report)}", file=out)
+        print(f"NO VERDICT: {report.verdict_reason}", file=out)
         return EXIT_USAGE
     ok = passed(report)
     s = report.summary

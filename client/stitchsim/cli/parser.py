@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from stitchsim import __version__
+from stitchsim import __version__, catalogue
 from stitchsim.cli.check import cmd_check
 from stitchsim.cli.jobs import (
     cmd_compare,
@@ -14,6 +14,10 @@ from stitchsim.cli.jobs import (
     cmd_jobs_wait,
     cmd_report,
 )
+
+
+def _escaped(text: str) -> str:
+    return text.replace("%", "%%")  # argparse formats help with %
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,10 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--layers",
         help="'auto', or stitch pairs FRONT:BACK (or NAME for both) separated by commas",
     )
-    s.add_argument("--objectives", help="comma-separated: hlm, slm, dm, fula")
-    s.add_argument("--protocols", help="comma-separated: standard, invariance_aware")
+    for flag, kind in (("--objectives", catalogue.OBJECTIVES), ("--protocols", catalogue.PROTOCOLS),
+                       ("--controls", catalogue.CONTROLS)):
+        s.add_argument(flag, help=f"comma-separated, of: {_escaped(kind.help())}")
     s.add_argument("--directions", choices=["front_to_back", "back_to_front", "both"])
-    s.add_argument("--controls", help="comma-separated: clustered_noise, identity, shortcut")
     s.add_argument("--arch", help="timm architecture of both models (else from the files)")
     s.add_argument("--arch-kwargs", metavar="JSON", help="e.g. '{\"num_classes\": 10}'")
     s.add_argument(

@@ -1,21 +1,21 @@
-"""What a refused file raises. Each error carries its code of the registry (stitchsim.codes)
-and a message that says what to fix."""
+"""What a refused file raises: a Failure (stitchsim.failure) whose code of the registry
+(stitchsim.codes) comes with its class, and a message that says what to fix."""
 
 from __future__ import annotations
 
 import reprlib
 from typing import Any
 
+from stitchsim.failure import Failure
 
-class SafetensorsError(ValueError):
+
+class SafetensorsError(Failure, ValueError):
     """The file is not a safetensors file we accept; ``message`` says what to fix."""
 
     code = "invalid_safetensors"
 
     def __init__(self, message: str, *, details: Any = None):
-        super().__init__(message)
-        self.message = message
-        self.details = details
+        super().__init__(type(self).code, message, details)
 
 
 class UnsupportedFormat(SafetensorsError):

@@ -118,6 +118,10 @@ class ModelSummary(BaseModel):
     near_chance: bool = Field(
         default=False, description="accuracy indistinguishable from guessing: figures unreliable"
     )
+    chance_warning: str | None = Field(
+        default=None, description="with near_chance: the engine's warning (what the figures "
+        "are worth, what to check); written once, here, and shown as written"
+    )
 
 
 class SummaryRow(BaseModel):
@@ -233,7 +237,8 @@ class Report(BaseModel):
     summary: Summary
     verdict: Verdict | None
     verdict_reason: str | None = Field(
-        default=None, description="why there is no verdict although a threshold was given"
+        default=None, description="why there is no verdict although a threshold was given, "
+        "as a clause every rendering leads in with its own words (\"no verdict: ...\")"
     )
     verdict_caveats: list[str] = Field(
         default=[], description="what the verdict's figure rests on that weakens it"

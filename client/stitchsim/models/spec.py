@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, get_args
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from stitchsim import catalogue
 from stitchsim.models.vocabulary import (
     Control,
     Cue,
@@ -183,8 +184,8 @@ class ControlSettings(_Strict):
     noise_sigmas: list[float] = Field(default=[0.1, 0.3], min_length=1, max_length=10)
     shortcut_marker: int = Field(default=4, ge=1, le=32, description="marker side in pixels")
     cues: list[Cue] = Field(
-        default=list(get_args(Cue)), min_length=1,
-        description="unseen cues the shortcut control paints (rand_rand is the ~0 control)",
+        default=list(catalogue.CUES.names), min_length=1,
+        description="unseen cues the shortcut control paints: " + catalogue.CUES.describe(),
     )
 
     @field_validator("noise_sigmas")
@@ -249,18 +250,27 @@ class Spec(_Strict):
         description="cross_task: back-model class of each front-model class (default: by index)",
     )
     layers: list[LayerPair] | Literal["auto"] = "auto"
-    objectives: list[Objective] = Field(default=["slm"], min_length=1)
-    protocols: list[Protocol] = Field(default=["standard", "invariance_aware"], min_length=1)
+    objectives: list[Objective] = Field(
+        default=list(catalogue.OBJECTIVES.where(default=True)), min_length=1,
+        description="how each stitch is fitted: " + catalogue.OBJECTIVES.describe(),
+    )
+    protocols: list[Protocol] = Field(
+        default=list(catalogue.PROTOCOLS.where(default=True)), min_length=1,
+        description="what each stitch is trained on: " + catalogue.PROTOCOLS.describe(),
+    )
     directions: Directions = "both"
     train: TrainSettings = TrainSettings()
     iri: IRISettings = IRISettings()
-    controls: list[Control] = Field(default=[])
+    controls: list[Control] = Field(
+        default=[], description="reference runs: " + catalogue.CONTROLS.describe(),
+    )
     control_settings: ControlSettings = ControlSettings()
     adversarial: AdversarialSettings = AdversarialSettings()
     measures: list[Measure] = Field(
         default=[],
         description="representation similarity measures on the same activations, on real "
-        "inputs and on IRIs (opt-in: they need the back model's activations and IRIs)",
+        "inputs and on IRIs (opt-in: they need the back model's activations and IRIs): "
+        + catalogue.MEASURES.describe(),
     )
     measure_settings: MeasureSettings = MeasureSettings()
     threshold: float | None = Field(default=None, ge=0, le=1)

@@ -1,21 +1,53 @@
-"""The vocabulary a spec and a report are written in: the catalogue's names as `Literal`
-types (so pydantic validates them and the OpenAPI document lists them), and the few
-enumerations that are states rather than choices."""
+"""The vocabulary a spec and a report are written in: the catalogue's names (validated
+against the catalogue as it is when a value is read, so an entry a plug-in registers is valid
+from then on; the OpenAPI document lists the names), and the few enumerations that are states
+rather than choices."""
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import GetCoreSchemaHandler, GetJsonSchemaHandler
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import PydanticCustomError, core_schema
 
 from stitchsim import catalogue
 from stitchsim.datasets import BUILTIN_DATASETS as BUILTIN_DATASETS
 
-# Built from the catalogue (one entry a name): a name added there is valid here.
-Objective = Literal[catalogue.OBJECTIVES.names]  # type: ignore[valid-type]
-Protocol = Literal[catalogue.PROTOCOLS.names]  # type: ignore[valid-type]
-Control = Literal[catalogue.CONTROLS.names]  # type: ignore[valid-type]
-Cue = Literal[catalogue.CUES.names]  # type: ignore[valid-type]
-Measure = Literal[catalogue.MEASURES.names]  # type: ignore[valid-type]
-MeasureInput = Literal[catalogue.MEASURE_INPUTS.names]  # type: ignore[valid-type]
+
+@dataclass(frozen=True)
+class OneOf:
+    """A str that must be a name of one catalogue kind: checked against the kind's entries at
+    validation time, and listed as the schema's enum when a schema is made."""
+
+    kind: catalogue.Kind[Any]
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler
+                                     ) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def __get_pydantic_json_schema__(self, schema: core_schema.CoreSchema,
+                                     handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        return {**handler(schema), "enum": list(self.kind.names)}
+
+    def check(self, value: str) -> str:
+        if value not in self.kind:
+            # The words and type pydantic gives a Literal, so messages read as they did.
+            names = [repr(n) for n in self.kind.names]
+            expected = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1
+                                   else names)
+            raise PydanticCustomError("literal_error", "Input should be {expected}",
+                                      {"expected": expected})
+        return value
+
+
+Objective = Annotated[str, OneOf(catalogue.OBJECTIVES)]
+Protocol = Annotated[str, OneOf(catalogue.PROTOCOLS)]
+Control = Annotated[str, OneOf(catalogue.CONTROLS)]
+Cue = Annotated[str, OneOf(catalogue.CUES)]
+Measure = Annotated[str, OneOf(catalogue.MEASURES)]
+MeasureInput = Annotated[str, OneOf(catalogue.MEASURE_INPUTS)]
 Direction = Literal["front_to_back", "back_to_front"]
 Directions = Literal["front_to_back", "back_to_front", "both"]
 JobState = Literal["queued", "running", "succeeded", "failed", "cancelled"]
@@ -27,14 +59,8 @@ config (ImageNet mean/std for most), `none` feeds plain [0,1] pixels, `inception
 measures the candidates on labelled samples and keeps the best-predicting one."""
 PreprocessSource = Literal["spec", "metadata", "measured", "default"]
 
-# The one ordering of each enumeration (reports, tables and plots list them in this order).
-OBJECTIVES: tuple[Objective, ...] = get_args(Objective)
-PROTOCOLS: tuple[Protocol, ...] = get_args(Protocol)
+# The one ordering of each enumeration that is not a catalogue kind (those are in theirs).
 DIRECTIONS: tuple[Direction, ...] = get_args(Direction)
-CONTROLS: tuple[Control, ...] = get_args(Control)
-CUES: tuple[Cue, ...] = get_args(Cue)
-MEASURES: tuple[Measure, ...] = get_args(Measure)
-MEASURE_INPUTS: tuple[MeasureInput, ...] = get_args(MeasureInput)
 JOB_STATES: tuple[JobState, ...] = get_args(JobState)
 ACTIVE_STATES: tuple[JobState, ...] = ("queued", "running")
 TERMINAL_STATES: tuple[JobState, ...] = tuple(s for s in JOB_STATES if s not in ACTIVE_STATES)

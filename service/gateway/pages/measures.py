@@ -8,40 +8,26 @@ from collections.abc import Sequence
 from typing import Any
 
 from matplotlib.axes import Axes
-from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
-from stitchsim import view
+from stitchsim import catalogue, view
 from stitchsim.models import Direction, Measure, MeasureRow, Report
-from stitchsim.view import (
-    DIRECTION_LABEL,
-    MEASURE_INPUT_LABEL,
-    MEASURE_LABEL,
-    OBJECTIVE_LABEL,
-    fmt,
-    fmt_ci,
-    fmt_signed,
-)
+from stitchsim.view import DIRECTION_LABEL, fmt, fmt_ci, fmt_signed
 from stitchsim_service.gateway.pages.html import Col, esc, figure, table
 from stitchsim_service.gateway.pages.plots import (
-    BLUE,
     FIG_WIDTH_IN,
-    GREEN,
-    GREY,
-    VERMILLION,
     Band,
     Plot,
     agreement_panel,
+    band_legend,
+    band_style,
+    banded_controls,
     draw_band,
     render_svg,
     set_depth_axis,
 )
 
-INPUT_STYLE: dict[str, dict[str, Any]] = {
-    "real": {"color": BLUE, "linestyle": "-", "marker": "o"},
-    "iri": {"color": VERMILLION, "linestyle": "--", "marker": "s"},
-}
+MEASURES, INPUTS = catalogue.MEASURES, catalogue.MEASURE_INPUTS
 
 
 def _at_points(rows: Sequence[MeasureRow], points: Sequence[tuple[str, str]]
@@ -64,18 +50,19 @@ def measure_band(report: Report, control: str, direction: Direction, measure: Me
         return None
     lo = [min(min(r.ci[0], r.value) for r in here[p]) for p in points]
     hi = [max(max(r.ci[1], r.value) for r in here[p]) for p in points]
-    return Band(lo, hi, "identity ceiling" if control == "identity" else "clustered-noise floor")
+    return Band(lo, hi, band_style(control).label)
 
 
 def _measure_panel(ax: Axes, report: Report, direction: Direction, measure: Measure,
                    points: Sequence[tuple[str, str]]) -> list[str]:
     series: list[str] = []
     tag = f"{direction}-{measure}"
-    for control, color, hatch in (("clustered_noise", GREY, "///"), ("identity", GREEN, None)):
+    for control, band_look in banded_controls():
         band = measure_band(report, control, direction, measure, points)
         if band is not None:
-            draw_band(ax, band, f"ref-measure-{control}-{tag}", color, hatch)
-    for kind, style in INPUT_STYLE.items():
+            draw_band(ax, band, f"ref-measure-{control}-{tag}", band_look)
+    for entry in INPUTS:
+        kind, style = entry.name, entry.style.as_kwargs()
         rows = [m for m in report.measures
                 if m.direction == direction and m.measure == measure and m.input == kind]
         by_point = {(r.front_layer, r.back_layer): r for r in rows}
@@ -93,18 +80,14 @@ def _measure_panel(ax: Axes, report: Report, direction: Direction, measure: Meas
         gid = f"series-measure-{tag}-{kind}"
         line.set_gid(gid)
         series.append(gid)
-    ax.set_title(MEASURE_LABEL[measure])
+    ax.set_title(MEASURES.label(measure))
     ax.set_ylim(min(0.0, ax.get_ylim()[0]), 1.05)  # unbiased CKA may dip below 0
     return series
 
 
 def _legend(report: Report) -> list[Any]:
-    handles: list[Any] = [Line2D([], [], label=f"{MEASURE_INPUT_LABEL[k]}", **s)
-                          for k, s in INPUT_STYLE.items()]
-    handles.append(Patch(facecolor=to_rgba(GREEN, 0.3), label="identity ceiling"))
-    handles.append(Patch(facecolor="#EAEAEA", edgecolor="#A8A8A8", linewidth=0, hatch="///",
-                         label="clustered-noise floor"))
-    return handles
+    handles: list[Any] = [Line2D([], [], label=e.label, **e.style.as_kwargs()) for e in INPUTS]
+    return handles + [band_legend(style) for _, style in banded_controls()]
 
 
 def measures_plot(report: Report, direction: Direction) -> Plot | None:
@@ -120,7 +103,7 @@ def measures_plot(report: Report, direction: Direction) -> Plot | None:
         fig = Figure(figsize=(FIG_WIDTH_IN, 4.4), layout="constrained")
         axes = fig.subplots(1, 1 + len(measures), squeeze=False, sharey=True)[0]
         series.extend(agreement_panel(axes[0], report, direction, objective, points))
-        axes[0].set_title(f"agreement, {OBJECTIVE_LABEL[objective]}")
+        axes[0].set_title(f"agreement, {catalogue.OBJECTIVES.label(objective)}")
         for ax, measure in zip(axes[1:], measures, strict=True):
             series.extend(_measure_panel(ax, report, direction, measure, points))
         for ax in axes:
@@ -143,11 +126,11 @@ def _description(report: Report, direction: Direction, measures: Sequence[Measur
     parts = [f"{view.direction_title(report, direction)}. Measures on real inputs and on "
              "IRIs at each stitch point, shallow to deep, beside agreement."]
     for measure in measures:
-        for kind in INPUT_STYLE:
+        for kind in INPUTS.names:
             values = [f"{view.measure_stitch_label(r)}: {r.value:.3f}" for r in report.measures
                       if r.direction == direction and r.measure == measure and r.input == kind]
             if values:
-                parts.append(f"{MEASURE_LABEL[measure]}, {MEASURE_INPUT_LABEL[kind]}: "
+                parts.append(f"{MEASURES.label(measure)}, {INPUTS.label(kind)}: "
                              + "; ".join(values))
     return " ".join(parts)
 
@@ -161,13 +144,13 @@ def measures_section(report: Report, plots: Sequence[Plot]) -> str:
     summary = table(
         [Col("direction"), Col("measure"), Col("real inputs", True), Col("IRIs", True),
          Col("gap", True)],
-        [[DIRECTION_LABEL[m.direction], esc(MEASURE_LABEL[m.measure]), fmt(m.real),
+        [[DIRECTION_LABEL[m.direction], esc(MEASURES.label(m.measure)), fmt(m.real),
           fmt(m.iri), fmt_signed(m.gap)] for m in view.measure_summary(report)],
         "measures-summary-table",
     )
     rows = [
         [DIRECTION_LABEL[m.direction], esc(view.measure_stitch_label(m)),
-         esc(MEASURE_LABEL[m.measure]), f"{MEASURE_INPUT_LABEL[m.input]} ({m.split})",
+         esc(MEASURES.label(m.measure)), f"{INPUTS.label(m.input)} ({m.split})",
          esc((m.control or "") + (f" σ {m.sigma:g}" if m.sigma is not None else "")),
          fmt(m.value), fmt_ci(m.ci), str(m.samples)]
         for m in view.ordered_measures(report.measures + report.measure_controls)

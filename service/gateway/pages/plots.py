@@ -18,32 +18,19 @@ from typing import Any
 
 import matplotlib
 from matplotlib.axes import Axes
-from matplotlib.colors import to_rgba
+from matplotlib.colors import to_hex, to_rgb, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-from stitchsim import view
+from stitchsim import catalogue, view
+from stitchsim.catalogue import BLACK, GREY, ORANGE, PURPLE, VERMILLION, BandStyle
 from stitchsim.models import Control, Direction, Objective, Report, ResultRow
-from stitchsim.view import DIRECTION_LABEL, OBJECTIVE_LABEL, PROTOCOL_LABEL, stitch_order
+from stitchsim.view import DIRECTION_LABEL, stitch_order
 from stitchsim_service.gateway.pages.html import esc
 
-# Okabe & Ito's palette: distinguishable with every common form of colour blindness. Each
-# series also differs in line style and marker, so the plots survive greyscale printing.
-BLUE = "#0072B2"
-VERMILLION = "#D55E00"
-GREEN = "#009E73"
-ORANGE = "#E69F00"
-PURPLE = "#CC79A7"
-GREY = "#6E6E6E"
-BLACK = "#000000"
-
-PROTOCOL_STYLE: dict[str, dict[str, Any]] = {
-    "standard": {"color": BLUE, "linestyle": "-", "marker": "o"},
-    "invariance_aware": {"color": VERMILLION, "linestyle": "--", "marker": "s"},
-    "adversarial": {"color": ORANGE, "linestyle": "-.", "marker": "D"},
-    "cross_task": {"color": GREY, "linestyle": ":", "marker": "^"},
-}
+# Series are drawn in the catalogue's styles (Okabe & Ito's colour-blind-safe palette, each
+# series with its own line style and marker, so the plots survive greyscale printing).
 IRI_STATS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("start_median", "median at start",
      {"color": GREY, "linestyle": "-.", "marker": "o", "markerfacecolor": "white"}),
@@ -181,14 +168,41 @@ def control_band(
         )
         lo.append(min(min(c.agreement_ci[0], c.agreement) for c in here))
         hi.append(max(max(c.agreement_ci[1], c.agreement) for c in here))
-    label = "identity ceiling" if kind == "identity" else "clustered-noise floor"
+    label = band_style(kind).label
     sigmas = sorted({c.sigma for c in rows if c.sigma is not None})
     if sigmas:
         label += " (σ " + ", ".join(f"{s:g}" for s in sigmas) + ")"
     return Band(lo, hi, label)
 
 
-def draw_band(ax: Axes, band: Band, gid: str, color: str, hatch: str | None) -> None:
+def banded_controls() -> list[tuple[Control, BandStyle]]:
+    """The controls drawn as bands (a ceiling, a floor), in catalogue order."""
+    return [(c.name, c.band) for c in catalogue.CONTROLS if c.band is not None]
+
+
+def band_style(control: str) -> BandStyle:
+    entry = catalogue.CONTROLS.get(control)
+    if entry is None or entry.band is None:
+        return BandStyle(GREY, control)
+    return entry.band
+
+
+def band_legend(style: BandStyle) -> Patch:
+    if not style.hatch:
+        return Patch(facecolor=to_rgba(style.color, 0.3), label=style.label)
+    # Opaque stand-ins for the translucent band: see draw_band on SVG hatch fading.
+    return Patch(facecolor=_over_white(style.color, 0.15),
+                 edgecolor=_over_white(style.color, 0.6), linewidth=0, hatch=style.hatch,
+                 label=style.label)
+
+
+def _over_white(color: str, alpha: float) -> str:
+    rgb = to_rgb(color)
+    return to_hex(tuple(alpha * c + (1 - alpha) for c in rgb))
+
+
+def draw_band(ax: Axes, band: Band, gid: str, style: BandStyle) -> None:
+    color, hatch = style.color, style.hatch
     # Each stitch point owns the x range i ± 0.5, so the band steps from point to point.
     xs = [x for i in range(len(band.lo)) for x in (i - 0.5, i + 0.5)]
     lo = [v for v in band.lo for _ in (0, 1)]
@@ -217,10 +231,10 @@ def agreement_panel(
     """One objective: both protocols on shared axes, so the drop reads as a vertical gap."""
     series: list[str] = []
     tag = f"{direction}-{objective}"
-    for kind, color, hatch in (("clustered_noise", GREY, "///"), ("identity", GREEN, None)):
+    for kind, style in banded_controls():
         band = control_band(report.controls, kind, direction, objective, points)
         if band is not None:
-            draw_band(ax, band, f"ref-{kind}-{tag}", color, hatch)
+            draw_band(ax, band, f"ref-{kind}-{tag}", style)
     for protocol in view.protocols(report.results):
         by_point = {
             (r.front_layer, r.back_layer): r
@@ -231,7 +245,7 @@ def agreement_panel(
             continue
         xs = [i for i, p in enumerate(points) if p in by_point]
         rows = [by_point[p] for p in points if p in by_point]
-        style = PROTOCOL_STYLE[protocol]
+        style = protocol_style(protocol)
         lo, hi = [r.agreement_ci[0] for r in rows], [r.agreement_ci[1] for r in rows]
         band_xs = xs
         if len(xs) == 1:
@@ -244,7 +258,7 @@ def agreement_panel(
         gid = f"series-agreement-{tag}-{protocol}"
         line.set_gid(gid)
         series.append(gid)
-    title = OBJECTIVE_LABEL[objective]
+    title = catalogue.OBJECTIVES.label(objective)
     drop = view.mean_drop(report, direction, objective)
     if drop is not None:
         title += f"\nmean drop {view.fmt_signed(drop)}"
@@ -255,18 +269,18 @@ def agreement_panel(
 
 def _legend_handles(report: Report) -> list[Any]:
     handles: list[Any] = [
-        Line2D([], [], label=PROTOCOL_LABEL[p], **PROTOCOL_STYLE[p])
+        Line2D([], [], label=catalogue.PROTOCOLS.label(p), **protocol_style(p))
         for p in view.protocols(report.results)
     ]
     handles.append(Patch(facecolor=to_rgba(GREY, 0.35), label="confidence interval"))
     kinds = {c.control for c in report.controls}
-    if "identity" in kinds:
-        handles.append(Patch(facecolor=to_rgba(GREEN, 0.3), label="identity ceiling"))
-    if "clustered_noise" in kinds:
-        # Opaque stand-ins for the translucent band: see draw_band on SVG hatch fading.
-        handles.append(Patch(facecolor="#EAEAEA", edgecolor="#A8A8A8", linewidth=0,
-                             hatch="///", label="clustered-noise floor"))
+    handles += [band_legend(style) for kind, style in banded_controls() if kind in kinds]
     return handles
+
+
+def protocol_style(protocol: str) -> dict[str, str]:
+    entry = catalogue.PROTOCOLS.get(protocol)
+    return (entry.style if entry else catalogue.PlotStyle(GREY)).as_kwargs()
 
 
 def agreement_plot(report: Report, direction: Direction) -> Plot:
@@ -318,7 +332,8 @@ def _agreement_description(
                 and r.protocol == protocol
             ]
             if values:
-                parts.append(f"{objective}, {PROTOCOL_LABEL[protocol]}: " + "; ".join(values))
+                parts.append(f"{objective}, {catalogue.PROTOCOLS.label(protocol)}: "
+                             + "; ".join(values))
     return " ".join(parts)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from stitchsim import catalogue
 from stitchsim.models import ACTIVE_STATES, JobStatus
-from stitchsim.view import PROTOCOL_LABEL
 from stitchsim_service.gateway.pages.html import code, document, esc
 
 REFRESH_SECONDS = 5
@@ -66,7 +66,7 @@ def _job_facts(job: JobStatus) -> str:
             ("dataset", s.dataset if isinstance(s.dataset, str) else s.dataset.path),
             ("stitch points", "auto" if s.layers == "auto" else f"{len(s.layers)} pair(s)"),
             ("objectives", ", ".join(s.objectives)),
-            ("protocols", ", ".join(PROTOCOL_LABEL[p] for p in s.protocols)),
+            ("protocols", ", ".join(catalogue.PROTOCOLS.label(p) for p in s.protocols)),
         ]
     rows = "".join(f'<tr><th scope="row">{esc(k)}</th><td>{esc(v)}</td></tr>'
                    for k, v in facts)

@@ -8,13 +8,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from stitchsim import view
+from stitchsim import catalogue, view
 from stitchsim.models import ModelSummary, Report, ResultRow
 from stitchsim.view import (
-    CUE_LABEL,
     DIRECTION_LABEL,
     PREPROCESS_SOURCE_LABEL,
-    PROTOCOL_LABEL,
     fmt,
     fmt_ci,
     fmt_signed,
@@ -30,6 +28,8 @@ from stitchsim_service.gateway.pages.html import (
     table,
 )
 from stitchsim_service.gateway.pages.plots import Plot
+
+PROTOCOLS = catalogue.PROTOCOLS
 
 
 def _figure(plot: Plot, caption: str) -> str:
@@ -53,11 +53,12 @@ def verdict_section(report: Report) -> str:
     if v.caveats:
         items = "".join(f"<li>{esc(c)}</li>" for c in v.caveats)
         extra += f'<p>The verdict rests on:</p><ul id="verdict-caveats">{items}</ul>'
-    if report.summary.similarity_protocol == "standard":
+    baseline, iri = catalogue.drop_protocols()
+    if report.summary.similarity_protocol == baseline:
         extra += (
-            "<p>Only the standard protocol ran. It can score networks as similar that process "
-            "their inputs differently; read it against the clustered-noise floor, or run the "
-            "invariance-aware protocol.</p>"
+            f"<p>Only the {esc(PROTOCOLS.label(baseline))} protocol ran. It can score networks "
+            "as similar that process their inputs differently; read it against the "
+            f"clustered-noise floor, or run the {esc(PROTOCOLS.label(iri))} protocol.</p>"
         )
     return (
         f'<section class="verdict {v.word}" id="verdict" data-verdict="{v.word}" '
@@ -167,18 +168,30 @@ def _dataset_table(dataset: dict[str, Any]) -> str:
     return "<h3>Dataset</h3>" + table([Col("field"), Col("value")], rows, "dataset-table")
 
 
+def _legend_in_words(report: Report) -> str:
+    """What each line and band of the agreement plots is, in the catalogue's styles and words."""
+    parts = []
+    for name in view.protocols(report.results):
+        entry = PROTOCOLS.get(name)
+        if entry is not None:
+            parts.append(f"<strong>{esc(entry.style.in_words().capitalize())}:</strong> "
+                         f"{esc(entry.label)} protocol ({esc(entry.description)}).")
+    for control in catalogue.CONTROLS:
+        if control.band is not None:
+            parts.append(f"<strong>{esc(control.band.in_words().capitalize())}:</strong> "
+                         f"{esc(control.band.label)} ({esc(control.description)}).")
+    baseline, iri = (esc(PROTOCOLS.label(p)) for p in catalogue.drop_protocols())
+    parts.append(f"The gap between the {baseline} and the {iri} line is the functional "
+                 f"difference the {baseline} protocol hides; a score near the floor says little.")
+    return " ".join(parts)
+
+
 def agreement_section(report: Report, plots: Sequence[Plot]) -> str:
     intro = (
         "<p>How well the stitched model's predictions agree with those of the model it ends "
         "in (the end model), at each "
         "stitch point from shallow to deep; shaded around each line: its confidence interval. "
-        "<strong>Blue, solid:</strong> standard protocol (the stitch is trained on real "
-        "images). <strong>Vermillion, dashed:</strong> invariance-aware protocol (the stitch "
-        "is trained on inputs the front model cannot tell apart from real ones); the gap "
-        "between the two is the functional difference the standard protocol hides. "
-        "<strong>Green band:</strong> identity ceiling (the end model stitched into itself). "
-        "<strong>Grey hatched band:</strong> clustered-noise floor (what inputs with no "
-        "information but class clusters already reach); a score near it says little.</p>"
+        f"{_legend_in_words(report)}</p>"
     )
     figures = "".join(
         _figure(p, esc(view.direction_title(report, d)) + ".")
@@ -189,9 +202,10 @@ def agreement_section(report: Report, plots: Sequence[Plot]) -> str:
 
 def controls_section(report: Report) -> str:
     if not report.controls:
+        bands = json.dumps([c.name for c in catalogue.CONTROLS if c.band is not None])
         return (
             '<section id="controls"><h2>Controls</h2><p>No controls ran. Add '
-            '<code>"controls": ["identity", "clustered_noise"]</code> to the spec to draw the '
+            f'<code>"controls": {esc(bands)}</code> to the spec to draw the '
             "ceiling and the floor.</p></section>"
         )
     cols = [Col("control"), Col("σ", True), Col("direction"), Col("stitch point"),
@@ -200,7 +214,7 @@ def controls_section(report: Report) -> str:
     rows = [
         [esc(view.control_name(c)),
          f"{c.sigma:g}" if c.sigma is not None else "", DIRECTION_LABEL[c.direction],
-         stitch_cell(c), c.objective, PROTOCOL_LABEL[c.protocol], fmt(c.agreement),
+         stitch_cell(c), c.objective, PROTOCOLS.label(c.protocol), fmt(c.agreement),
          fmt_ci(c.agreement_ci), fmt(c.hard_agreement), fmt(c.accuracy),
          fmt(c.excessive_agreement) if c.excessive_agreement is not None else ""]
         for c in report.controls
@@ -227,8 +241,8 @@ def _excess_table(report: Report) -> str:
     cols = [Col("direction"), Col("cue"), Col("protocol"), Col("objective"),
             Col("max excess agr.", True), Col("at layer")]
     rows = [
-        [DIRECTION_LABEL[e.direction], esc(CUE_LABEL.get(e.cue, e.cue)),
-         PROTOCOL_LABEL[e.protocol], e.objective, fmt(e.max_excessive_agreement),
+        [DIRECTION_LABEL[e.direction], esc(catalogue.CUES.label(e.cue)),
+         PROTOCOLS.label(e.protocol), e.objective, fmt(e.max_excessive_agreement),
          code(e.front_layer)]
         for e in report.summary.excessive_agreement
     ]
@@ -274,14 +288,16 @@ def results_section(report: Report) -> str:
     if robust:
         cols.insert(8, Col("robust agr.", True))
 
+    iri = catalogue.drop_protocols()[1]
+
     def drop(r: ResultRow) -> str:
-        # Shown once per stitch point and objective, on its invariance-aware row.
+        # Shown once per stitch point and objective, on its IRI protocol's row.
         value = drops.get((r.direction, r.objective, r.front_layer, r.back_layer))
-        return fmt(value) if value is not None and r.protocol == "invariance_aware" else ""
+        return fmt(value) if value is not None and r.protocol == iri else ""
 
     rows = [
         [DIRECTION_LABEL[r.direction], stitch_cell(r), r.objective,
-         PROTOCOL_LABEL[r.protocol], fmt(r.agreement), fmt_ci(r.agreement_ci),
+         PROTOCOLS.label(r.protocol), fmt(r.agreement), fmt_ci(r.agreement_ci),
          fmt(r.hard_agreement), drop(r), *([view.robust_agreement(r)] if robust else []),
          fmt(r.accuracy), fmt_signed(r.stitching_penalty),
          fmt(r.error_consistency), fmt(r.train_loss, 4), fmt(r.seconds, 1), esc(r.stitch)]
@@ -319,21 +335,23 @@ def details_section(report: Report) -> str:
 
 
 def summary_section(report: Report) -> str:
-    cols = [Col("direction"), Col("objective"), Col("standard", True),
-            Col("invariance-aware", True), Col("drop", True)]
+    baseline, iri = catalogue.drop_protocols()
+    cols = [Col("direction"), Col("objective"), Col(PROTOCOLS.label(baseline), True),
+            Col(PROTOCOLS.label(iri), True), Col("drop", True)]
     rows = [
         [DIRECTION_LABEL[line.direction], line.objective,
-         fmt(line.standard) if line.standard is not None else "—",
-         fmt(line.invariance_aware) if line.invariance_aware is not None else "—",
+         fmt(line.baseline) if line.baseline is not None else "—",
+         fmt(line.iri) if line.iri is not None else "—",
          fmt(line.drop) if line.drop is not None else "—"]
         for line in view.summary_lines(report)
     ]
-    overall = esc(view.overall_line(report, PROTOCOL_LABEL))
+    overall = esc(view.overall_line(report, PROTOCOLS.label))
     return (
         '<section id="summary"><h2>Summary</h2>'
-        "<p>Mean agreement over stitch points (rAuA). The drop is standard minus "
-        "invariance-aware: how much of the standard score came from features the end model "
-        "does not share with the front model.</p>"
+        "<p>Mean agreement over stitch points (rAuA). The drop is "
+        f"{esc(PROTOCOLS.label(baseline))} minus {esc(PROTOCOLS.label(iri))}: how much of "
+        "the plain score came from features the end model does not share with the front "
+        "model.</p>"
         + table(cols, rows, "summary-table")
         + f"<p>Per protocol, weaker direction: {overall}.</p></section>"
     )

@@ -9,9 +9,9 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
+from stitchsim.failure import Failure
 from stitchsim.models import ErrorBody
 from stitchsim_service.core.context import Context
-from stitchsim_service.core.errors import DomainError
 from stitchsim_service.core.metrics import REGISTRY
 from stitchsim_service.core.queue import GPU_QUEUE
 from stitchsim_service.core.workers import seen_by_queue, seen_window_s
@@ -53,7 +53,7 @@ def readyz(ctx: Context = Depends(get_ctx)) -> JSONResponse:
     if all(c["ok"] for c in checks.values()):
         return JSONResponse({"status": "ready", "checks": checks})
     failing = ", ".join(k for k, c in checks.items() if not c["ok"])
-    return answer(DomainError("not_ready", f"not ready: {failing}", checks, retry_after=5))
+    return answer(Failure("not_ready", f"not ready: {failing}", checks, retry_after=5))
 
 
 @router.get("/metrics", summary="Prometheus metrics")

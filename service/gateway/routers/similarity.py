@@ -8,10 +8,10 @@ from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Header, Request, Response
+from stitchsim.failure import Failure
 from stitchsim.jsondepth import MAX_JSON_DEPTH, nested_deeper_than
 from stitchsim.models import ErrorBody, JobCreated
 from stitchsim_service.core.context import Context
-from stitchsim_service.core.errors import DomainError
 from stitchsim_service.core.metrics import JOBS_REJECTED
 from stitchsim_service.core.submit import submit_job
 from stitchsim_service.gateway.deps import get_ctx, get_owner
@@ -49,12 +49,12 @@ SUBMIT_OPENAPI: dict[str, Any] = {
 def _parse_json(text: str, what: str) -> Any:
     # Refused up front: past ~100 levels the parser, pydantic's serializer and json.dumps each
     # give up with an exception of their own (a 500).
-    too_deep = DomainError("bad_request",
-                           f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
+    too_deep = Failure("bad_request",
+                       f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise DomainError("bad_request", f"{what} is not valid JSON: {exc}") from None
+        raise Failure("bad_request", f"{what} is not valid JSON: {exc}") from None
     except RecursionError:
         raise too_deep from None
     if nested_deeper_than(value, MAX_JSON_DEPTH):
@@ -68,11 +68,11 @@ async def _read_json_body(request: Request, limit: int) -> Any:
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise DomainError("too_large", f"the JSON body is larger than {limit} bytes",
-                              {"limit_bytes": limit})
+            raise Failure("too_large", f"the JSON body is larger than {limit} bytes",
+                          {"limit_bytes": limit})
         chunks.append(chunk)
     if size == 0:
-        raise DomainError("bad_request", "the body is empty; send the spec as JSON")
+        raise Failure("bad_request", "the body is empty; send the spec as JSON")
     return _parse_json(b"".join(chunks).decode("utf-8", "replace"), "the body")
 
 
@@ -96,7 +96,7 @@ async def _read_body(request: Request, ctx: Context) -> tuple[Any, dict[str, Upl
         if isinstance(raw, dict) and set(raw) == {"spec"}:
             raw = raw["spec"]
         return raw, {}
-    raise DomainError(
+    raise Failure(
         "unsupported_media_type",
         "send the spec as application/json (with checkpoint ids), or multipart/form-data "
         "with files 'front' and 'back' and a 'spec' JSON field",
@@ -125,7 +125,7 @@ async def submit(
     try:
         raw, files = await _read_body(request, ctx)
         done = await to_thread.run_sync(submit_job, ctx, owner, raw, files, idempotency_key)
-    except DomainError as exc:
+    except Failure as exc:
         JOBS_REJECTED.labels(str(status_of(exc))).inc()
         raise
     finally:

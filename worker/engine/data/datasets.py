@@ -14,11 +14,11 @@ import torch
 import torch.nn.functional as F
 from safetensors import SafetensorError, safe_open
 from stitchsim.datasets import BUILTIN
+from stitchsim.failure import Failure
 from stitchsim.files.dataset import DATASET_TENSORS, check_dataset
 from stitchsim.files.errors import SafetensorsError
 from stitchsim.models import BUILTIN_DATASETS, LocalPath, TrainSettings
 from stitchsim_worker.engine.data.shapes import make_shapes
-from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.resources import Resources
 
 DIGITS_SIZE = 32
@@ -148,15 +148,15 @@ def _variant(name: str, grey: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
         return add_marker(grey.expand(-1, 3, -1, -1), labels)
     if name == "clustered_noise":
         return clustered_noise(labels, (3, DIGITS_SIZE, DIGITS_SIZE), 0.1, 1, 2)
-    raise SpecError(f"unknown built-in dataset {name!r}")
+    raise Failure("invalid_spec", f"unknown built-in dataset {name!r}")
 
 
 def builtin(name: str) -> Dataset:
     if name not in BUILTIN_DATASETS:
-        raise SpecError(
+        raise Failure(
+            "unknown_dataset",
             f"unknown dataset {name!r}; built-ins are {', '.join(BUILTIN_DATASETS)}, or upload "
             "one with POST /datasets",
-            code="unknown_dataset",
         )
     if name == "shapes":
         images, labels = make_shapes(SHAPES_SAMPLES, seed=0)
@@ -183,10 +183,10 @@ def _as_pixels(x: torch.Tensor, key: str) -> torch.Tensor:
     else:
         x = x.float()
         if not torch.isfinite(x).all():
-            raise SpecError(f"{key} holds NaN or infinite values", code="invalid_dataset")
+            raise Failure("invalid_dataset", f"{key} holds NaN or infinite values")
         if x.min() < 0 or x.max() > 1:
-            raise SpecError(f"float {key} must lie in [0, 1]; scale them or store uint8",
-                            code="invalid_dataset")
+            raise Failure("invalid_dataset",
+                          f"float {key} must lie in [0, 1]; scale them or store uint8")
     return x.expand(-1, 3, -1, -1).contiguous() if x.shape[1] == 1 else x.contiguous()
 
 
@@ -202,12 +202,9 @@ def load_file(path: Path, dataset_id: str) -> Dataset:
         with safe_open(str(path), framework="pt") as f:
             raw = {k: f.get_tensor(k) for k in DATASET_TENSORS}
     except SafetensorsError as e:
-        raise SpecError(f"dataset file: {e.message}", code="invalid_dataset",
-                        details=e.details) from None
+        raise Failure("invalid_dataset", f"dataset file: {e.message}", e.details) from None
     except (SafetensorError, OSError) as e:
-        raise SpecError(
-            f"dataset is not a readable safetensors file: {e}", code="invalid_dataset"
-        ) from e
+        raise Failure("invalid_dataset", f"dataset is not a readable safetensors file: {e}") from e
     return Dataset(
         name=dataset_id or path.name,
         digest=dataset_id or f"sha256:{file_sha256(path)}",

@@ -13,10 +13,11 @@ import math
 from dataclasses import dataclass
 
 import torch
+from stitchsim import catalogue
+from stitchsim.failure import Failure
 from stitchsim.models import Spec
 from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
 from stitchsim_worker.engine.device import pick_device
-from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.job.context import EVAL_BATCH
 from stitchsim_worker.engine.job.costs import Sizes, size_factor
 from stitchsim_worker.engine.job.plan import job_plan, what_to_shrink
@@ -53,11 +54,14 @@ def _check_size(model: LoadedModel, where: str, limit: int | None) -> None:
     refuse."""
     n = sum(p.numel() for p in model.net.parameters())
     if limit is not None and n > limit:
-        raise SpecError(f"{where}: {model.arch} with arch_kwargs {model.arch_kwargs} has {n:,} "
-                        f"parameters, more than the {limit:,} this service builds "
-                        "(STITCHSIM_MAX_MODEL_PARAMS); use a smaller architecture or smaller "
-                        "arch_kwargs (num_classes, embed_dim, depth ...)",
-                        code="model_too_large", details={"parameters": n, "limit": limit})
+        raise Failure(
+            "model_too_large",
+            f"{where}: {model.arch} with arch_kwargs {model.arch_kwargs} has {n:,} "
+            f"parameters, more than the {limit:,} this service builds "
+            "(STITCHSIM_MAX_MODEL_PARAMS); use a smaller architecture or smaller "
+            "arch_kwargs (num_classes, embed_dim, depth ...)",
+            {"parameters": n, "limit": limit},
+        )
 
 
 def _network(spec: Spec, where: str, resources: Resources, data: Dataset) -> Network:
@@ -70,7 +74,7 @@ def _network(spec: Spec, where: str, resources: Resources, data: Dataset) -> Net
 
 
 def check_spec(spec: Spec, *, resources: Resources) -> Checked:
-    """Raises SpecError with what to fix; returns the job's cost when it can be prepared."""
+    """Raises a Failure with what to fix; returns the job's cost when it can be prepared."""
     pick_device(spec.device)  # checks workers run beside the job workers, on hosts alike
     data = load_dataset(spec.dataset, resources, spec.train)
     front_data = None
@@ -82,8 +86,7 @@ def check_spec(spec: Spec, *, resources: Resources) -> Checked:
     activation = _check_activations(spec, (front, back), resources.max_activation_bytes)
     pairs = pair_points_of(spec, front, back)
     if not pairs:
-        raise SpecError("no stitch points could be paired between the two models",
-                        code="unknown_layer")
+        raise Failure("unknown_layer", "no stitch points could be paired between the two models")
     factor = size_factor(front.flops, back.flops)
     units, expected = _check_budget(spec, Sizes(len(data.train), len(data.test), len(pairs)),
                                     factor, resources.max_job_units)
@@ -96,7 +99,8 @@ def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | N
     a spec asking for huge inputs (input_size, img_size) or feature maps is refused before
     any worker allocates a batch of them."""
     batch = max(EVAL_BATCH, spec.train.batch_size,
-                spec.iri.batch_size if "invariance_aware" in spec.protocols else 0)
+                spec.iri.batch_size if catalogue.PROTOCOLS.any_of(spec.protocols, uses_iris=True)
+                else 0)
     worst, where = 0, ""
     for net in nets:
         for name, t in net.traces.items():
@@ -105,15 +109,16 @@ def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | N
                 worst, where = per_sample, f"{net.where} {name}"
     need = worst * batch * FLOAT_BYTES
     if limit is not None and need > limit:
-        raise SpecError(
+        raise Failure(
+            "job_too_large",
             f"a batch of {batch} at {where} ({worst:,} values a sample) needs {need:,} bytes "
             f"of activation memory, more than the {limit:,} this service allows "
             "(STITCHSIM_MAX_ACTIVATION_BYTES); use smaller inputs (input_size, img_size) or "
             "smaller batch sizes (train.batch_size, iri.batch_size)",
-            code="job_too_large",
-            details={"activation_bytes": need, "limit": limit, "batch": batch,
-                     "at": where, "shrink": ["input_size / arch_kwargs.img_size",
-                                             "train.batch_size", "iri.batch_size"]})
+            {"activation_bytes": need, "limit": limit, "batch": batch,
+             "at": where, "shrink": ["input_size / arch_kwargs.img_size",
+                                     "train.batch_size", "iri.batch_size"]},
+        )
     return need
 
 
@@ -129,12 +134,13 @@ def _check_budget(spec: Spec, sizes: Sizes, factor: float, limit: int | None
     if factor > 1:
         shrink.insert(0, f"the models (x{factor:.3g} the compute a sample of a resnet18 on "
                          "32x32 inputs: a smaller architecture or input_size)")
-    raise SpecError(
+    raise Failure(
+        "job_too_large",
         f"the job would take {units:,} work units (about one batch through a network part of "
         f"a resnet18 on 32x32 inputs each), more than the {limit:,} this service allows per "
         f"job (STITCHSIM_MAX_JOB_UNITS); shrink "
         f"{', '.join(shrink[:4]) or 'the dataset or the stitch points'}",
-        code="job_too_large",
-        details={"units": units, "expected_units": expected, "limit": limit,
-                 "shrink": shrink, "size_factor": round(factor, 3), "batches": plan.units,
-                 "n_train": sizes.train, "n_test": sizes.test, "stitch_pairs": sizes.pairs})
+        {"units": units, "expected_units": expected, "limit": limit,
+         "shrink": shrink, "size_factor": round(factor, 3), "batches": plan.units,
+         "n_train": sizes.train, "n_test": sizes.test, "stitch_pairs": sizes.pairs},
+    )

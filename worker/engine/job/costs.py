@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from stitchsim import catalogue
 from stitchsim.models import Spec
 from stitchsim_worker.engine.job.context import EVAL_BATCH
 from stitchsim_worker.engine.job.progress import Units
@@ -73,7 +74,7 @@ def rows_units(spec: Spec, sizes: Sizes, n_train: int, tests: Sequence[int], *,
     total = Units()
     for protocol in spec.protocols:
         entry = PROTOCOLS[protocol]
-        if control and not entry.in_controls:
+        if control and not catalogue.PROTOCOLS[protocol].in_controls:
             continue
         n_fit, own = n_train, list(tests)
         if entry.test_split is not None:  # its own data, and its own test split

@@ -8,6 +8,7 @@ take (progress.Plan)."""
 
 from __future__ import annotations
 
+from stitchsim import catalogue
 from stitchsim.models import AdversarialSettings, IRISettings, Spec, TrainSettings
 from stitchsim_worker.engine.iri.synthesis import round_lengths
 from stitchsim_worker.engine.job.costs import Sizes, passes, rows_units, test_split_units
@@ -89,10 +90,10 @@ def what_to_shrink(spec: Spec, sizes: Sizes) -> list[str]:
         "directions": float(len(spec.direction_list())),
         "controls / control_settings": _with_controls(spec, sizes),
     }
-    if "invariance_aware" in spec.protocols:
+    if catalogue.PROTOCOLS.any_of(spec.protocols, uses_iris=True):
         factors["iri.steps"] = spec.iri.steps / _IRI.steps
         factors["iri.batch_size (larger is cheaper)"] = _IRI.batch_size / spec.iri.batch_size
-    if "adversarial" in spec.protocols or spec.adversarial.evaluate:
+    if catalogue.PROTOCOLS.any_of(spec.protocols, attacks=True) or spec.adversarial.evaluate:
         factors["adversarial.steps"] = spec.adversarial.steps / AdversarialSettings().steps
     if spec.train.max_train_samples is None:
         factors["train.max_train_samples (unset: the whole training split)"] = 2.0

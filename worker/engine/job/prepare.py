@@ -1,14 +1,17 @@
 """Preparing a job: the dataset, both models (with their preprocessing chosen), the stitch
-pairs. Everything here can fail on a user's mistake, with a SpecError that says what to fix."""
+pairs. Everything here can fail on a user's mistake, with a Failure that says what to fix."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import torch
+from stitchsim import catalogue
+from stitchsim.failure import Failure
 from stitchsim.models import ModelRef, Spec
 from stitchsim_worker.engine.data.datasets import Dataset, file_sha256, load_dataset
-from stitchsim_worker.engine.errors import JobCancelled, SpecError
+from stitchsim_worker.engine.errors import JobCancelled
 from stitchsim_worker.engine.models.loading import LoadedModel, build_model
 from stitchsim_worker.engine.models.network import Network, pair_points
 from stitchsim_worker.engine.models.preprocess import measure
@@ -51,37 +54,42 @@ def _model(
 
 
 def check_protocols(spec: Spec, data: Dataset, front_data: Dataset | None) -> None:
-    """What the protocols need of the spec beyond its own validation."""
-    cross = "cross_task" in spec.protocols
+    """What the protocols need of the spec beyond its own validation (the protocols that pair
+    two tasks: their catalogue entries need the front model's own dataset)."""
+    pairing = catalogue.PROTOCOLS.where(needs_front_dataset=True)
+    cross = [p for p in spec.protocols if p in pairing]
     if cross and front_data is None:
-        raise SpecError("the cross_task protocol needs front_dataset: the front model's own "
-                        "dataset (the back model's is `dataset`)")
+        raise Failure("invalid_spec",
+                      f"the {cross[0]} protocol needs front_dataset: the front model's own "
+                      "dataset (the back model's is `dataset`)")
     if not cross and front_data is not None:
-        raise SpecError("front_dataset is only read by the cross_task protocol; add "
-                        "\"cross_task\" to protocols or drop front_dataset")
+        raise Failure("invalid_spec",
+                      f"front_dataset is only read by the {' or '.join(pairing)} protocol; "
+                      f"add \"{pairing[0]}\" to protocols or drop front_dataset")
     if not cross:
         return
     assert front_data is not None
-    if spec.objectives != ["hlm"]:
-        raise SpecError("cross_task stitches models of different tasks, so no back-model output "
-                        "exists for the front model's inputs: it trains with hard labels only; "
-                        'set objectives to ["hlm"]')
+    labels_only = catalogue.OBJECTIVES.where(labels_only=True)
+    if any(o not in labels_only for o in spec.objectives):
+        raise Failure("invalid_spec",
+                      f"{cross[0]} stitches models of different tasks, so no back-model "
+                      "output exists for the front model's inputs: it trains with hard "
+                      f"labels only; set objectives to {json.dumps(list(labels_only))}")
     if front_data.n_classes != data.n_classes:
-        raise SpecError(f"cross_task pairs classes one to one, but front_dataset has "
-                        f"{front_data.n_classes} classes and dataset {data.n_classes}",
-                        code="class_mismatch")
+        raise Failure("class_mismatch",
+                      f"{cross[0]} pairs classes one to one, but front_dataset has "
+                      f"{front_data.n_classes} classes and dataset {data.n_classes}")
     if spec.class_pairing is not None and len(spec.class_pairing) != data.n_classes:
-        raise SpecError(f"class_pairing lists {len(spec.class_pairing)} classes; both datasets "
-                        f"have {data.n_classes}")
+        raise Failure("invalid_spec",
+                      f"class_pairing lists {len(spec.class_pairing)} classes; both datasets "
+                      f"have {data.n_classes}")
 
 
 def check_classes(model: LoadedModel, data: Dataset, where: str) -> None:
     if model.num_classes < data.n_classes:
-        raise SpecError(
-            f"{where}: the model has {model.num_classes} outputs but the dataset has "
-            f"{data.n_classes} classes",
-            code="class_mismatch",
-        )
+        raise Failure("class_mismatch",
+                      f"{where}: the model has {model.num_classes} outputs but the dataset has "
+                      f"{data.n_classes} classes")
 
 
 def _identity(model: LoadedModel, checkpoint: str) -> dict[str, object]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import platform
 import time
+from dataclasses import dataclass
 
 import timm
 import torch
@@ -19,14 +20,20 @@ from stitchsim.models import (
     Summary,
 )
 from stitchsim_worker.engine.device import pick_device
-from stitchsim_worker.engine.errors import EngineFailure, passes_through
+from stitchsim_worker.engine.errors import engine_failure, passes_through
 from stitchsim_worker.engine.job.context import JobContext
 from stitchsim_worker.engine.job.plan import plan_units
 from stitchsim_worker.engine.job.prepare import Prepared, prepare
 from stitchsim_worker.engine.job.progress import Tracker
 from stitchsim_worker.engine.measures.in_job import MeasureRun
 from stitchsim_worker.engine.measures.metrics import accuracy_with_ci, near_chance
-from stitchsim_worker.engine.measures.summary import summarise, verdict, verdict_caveats, withheld
+from stitchsim_worker.engine.measures.summary import (
+    chance_warning,
+    summarise,
+    verdict,
+    verdict_caveats,
+    withheld,
+)
 from stitchsim_worker.engine.models.network import Network
 from stitchsim_worker.engine.protocols.controls import CONTROLS, controls_to_run
 from stitchsim_worker.engine.resources import CancelFn, ProgressFn, Resources
@@ -78,14 +85,14 @@ def run_job(
         finally:
             ctx.close()
         tracker.finish()
-        return _report(spec, job_id, ctx, results, controls, measured, device, tracker,
-                       time.perf_counter() - t0)
+        return _report(Ran(ctx, results, controls, measured, device, tracker,
+                           time.perf_counter() - t0, job_id))
     except Exception as exc:
         if passes_through(exc):
             raise
         # A bug of ours or a model we cannot handle: the user gets where it happened, the
         # worker log gets the traceback.
-        failure = EngineFailure.during(tracker.where(), exc)
+        failure = engine_failure(tracker.where(), exc)
         log.error("%s", failure.message, exc_info=exc)
         raise failure from exc
 
@@ -99,7 +106,7 @@ def _model_summary(
     data, seed = ctx.prep.data_of(net), ctx.spec.train.seed
     acc, ci = accuracy_with_ci(ctx.own_test_logits[net.where].all(), data.test.labels, seed)
     chance = 1.0 / data.n_classes
-    return ModelSummary(
+    summary = ModelSummary(
         checkpoint=str(ctx.identity(net)["checkpoint"]),
         arch=net.model.arch,
         arch_kwargs=net.model.arch_kwargs,
@@ -111,54 +118,49 @@ def _model_summary(
         chance_accuracy=chance,
         near_chance=near_chance(acc, ci, chance),
     )
+    warning = chance_warning(summary, net.where, str(data.describe()["id"]))
+    return summary.model_copy(update={"chance_warning": warning})
 
 
-def _chance_warning(m: ModelSummary, where: str, dataset: str) -> str:
-    pre = m.preprocess
-    tried = ""
-    if pre is not None and pre.candidates:
-        tried = " under every preprocessing tried (" + ", ".join(
-            f"{c.name} {c.accuracy:.2f}" for c in pre.candidates) + ")"
-    return (
-        f"THE {where.upper()} MODEL IS AT CHANCE: {m.arch} scores {m.accuracy:.3f} on "
-        f"{dataset} (chance {m.chance_accuracy:.3f}){tried}, so every figure of this job is "
-        f"computed on a model that does not solve the task. Check that the dataset is the one "
-        f"it was trained on, that arch_kwargs match its training code, and its preprocessing "
-        f"({where}.mean/std or {where}.preprocess)."
-    )
+@dataclass(frozen=True)
+class Ran:
+    """What a job's run leaves for its report."""
+
+    ctx: JobContext
+    results: list[ResultRow]
+    controls: list[ResultRow]
+    measured: MeasureRun
+    device: torch.device
+    tracker: Tracker
+    seconds: float
+    job_id: str | None
 
 
-def _report(
-    spec: Spec, job_id: str | None, ctx: JobContext, results: list[ResultRow],
-    controls: list[ResultRow], measured: MeasureRun, device: torch.device, tracker: Tracker,
-    seconds: float,
-) -> Report:
+def _report(ran: Ran) -> Report:
+    ctx, spec, results, measured = ran.ctx, ran.ctx.spec, ran.results, ran.measured
     prep: Prepared = ctx.prep
     front = _model_summary(ctx, prep.front, [p[0] for p in prep.pairs])
     back = _model_summary(ctx, prep.back, [p[1] for p in prep.pairs])
     dataset = prep.data.describe()
-    own = {"front": prep.data_of(prep.front).describe()["id"], "back": dataset["id"]}
-    warnings = [_chance_warning(m, where, str(own[where]))
-                for where, m in (("front", front), ("back", back)) if m.near_chance]
-    summary: Summary = summarise(spec, results, controls, measured.rows)
+    summary: Summary = summarise(spec, results, ran.controls, measured.rows)
     reason = withheld(spec, front, back)
     return Report(
-        job_id=job_id,
+        job_id=ran.job_id,
         spec=spec,
         front=front,
         back=back,
         dataset=dataset,
         results=results,
-        controls=controls,
+        controls=ran.controls,
         measures=measured.rows,
         measure_controls=measured.controls,
         summary=summary,
         verdict=None if reason else verdict(summary),
         verdict_reason=reason,
         verdict_caveats=verdict_caveats(summary, results),
-        warnings=warnings + ctx.warnings,
+        warnings=ctx.warnings,
         notes=_notes(spec, prep),
-        environment=_environment(device, tracker, spec.train.seed, seconds),
+        environment=_environment(ran.device, ran.tracker, spec.train.seed, ran.seconds),
     )
 
 

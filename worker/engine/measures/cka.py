@@ -96,10 +96,5 @@ def _cka_compare(xs: list[GramBatch], ys: list[GramBatch], _settings: MeasureSet
     return float(cka_from_sums(xy, xx, yy)), cka_from_sums(boot_xy, boot_xx, boot_yy)
 
 
-register_measure(MeasureEntry(
-    name="cka", label="linear CKA",
-    description="linear centred kernel alignment, unbiased HSIC accumulated over mini-batches "
-    "(as in the invariance-aware paper's code); 1 for representations equal up to rotation "
-    "and scale",
-    prepare=_cka_prepare, compare=_cka_compare,
-))
+# As in the invariance-aware paper's code; 1 for representations equal up to rotation and scale.
+register_measure(MeasureEntry(name="cka", prepare=_cka_prepare, compare=_cka_compare))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from stitchsim import catalogue
 from stitchsim.models import (
     Control,
     MeasureInput,
@@ -36,6 +37,8 @@ from stitchsim_worker.engine.stitching.bank import Bank
 
 _NOISE_CENTRES_SEED_OFFSET = 7  # the clustered-noise control's centres (controls.py)
 _NOISE_SEED = 13
+_IRI_PROTOCOL = catalogue.PROTOCOLS.one(uses_iris=True)
+"""The protocol whose entry makes the IRIs the measures read."""
 
 
 @dataclass(frozen=True)
@@ -133,13 +136,14 @@ class MeasureRun:
 
     def _iri_views(self, ctx: JobContext, cut: Cut, made: dict[Protocol, Split]) -> Views:
         settings, data = ctx.spec.measure_settings, ctx.prep.data
-        split = made.get("invariance_aware")
+        split = made.get(_IRI_PROTOCOL)
+        iris = PROTOCOLS[_IRI_PROTOCOL].train_split
         if settings.iri_split == "test":
             inputs = InputSet(ctx.test_pixels, data.test.labels, f"{data.digest}|test-split")
-            split, _ = PROTOCOLS["invariance_aware"].train_split(ctx, cut, inputs, [cut.j])
-        elif split is None:  # no invariance-aware stitching: the same IRIs it would make
+            split, _ = iris(ctx, cut, inputs, [cut.j])
+        elif split is None:  # no IRI stitching ran: the same IRIs it would make
             inputs = InputSet(ctx.train_pixels, data.train.labels, data.digest)
-            split, _ = PROTOCOLS["invariance_aware"].train_split(ctx, cut, inputs, [cut.j])
+            split, _ = iris(ctx, cut, inputs, [cut.j])
         # As many IRIs as real test samples, so both kinds of input are cut into batches of
         # the same size (k-NN's chance level is k / (batch - 1)) and cost the same.
         pick = _subset(len(split), ctx.test_pixels.n, ctx.spec.train.seed)
@@ -208,7 +212,7 @@ def measure_units(spec: Spec, sizes: Sizes, directions: int) -> Units:
     per_pair = Units(measure=len(spec.measures) * (first + again * (directions - 1)),
                      forward=passes(sizes.test, EVAL_BATCH))  # g_j, kept for both directions
     units = per_pair * sizes.pairs
-    if settings.iri_split == "test" or "invariance_aware" not in spec.protocols:
+    if settings.iri_split == "test" or _IRI_PROTOCOL not in spec.protocols:
         own_iris = Units(forward=2 * passes(n_iri, EVAL_BATCH), iri=iri_units(spec, n_iri))
         units += own_iris * (directions * sizes.pairs)
     return units

@@ -7,10 +7,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+from stitchsim.failure import Failure
 from stitchsim.models import (
     MeasureSettings,
 )
-from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.measures.similarity import (
     MeasureEntry,
     register_measure,
@@ -26,9 +26,10 @@ class Neighbours:
 def nearest(z: torch.Tensor, k: int) -> torch.Tensor:
     """Each row's k nearest rows by cosine similarity, itself excluded."""
     if len(z) <= k:
-        raise SpecError(
+        raise Failure(
+            "invalid_spec",
             f"mutual_knn needs more than knn_k={k} samples per mini-batch, but a batch holds "
-            f"{len(z)}; lower measure_settings.knn_k or use more test samples"
+            f"{len(z)}; lower measure_settings.knn_k or use more test samples",
         )
     zn = torch.nn.functional.normalize(z, dim=1)
     sim = zn @ zn.T
@@ -60,9 +61,5 @@ def _knn_compare(xs: list[Neighbours], ys: list[Neighbours], _settings: MeasureS
     return float(torch.cat(scores).mean()), boot
 
 
-register_measure(MeasureEntry(
-    name="mutual_knn", label="mutual k-NN alignment",
-    description="mean share of each sample's k nearest neighbours (cosine, within its "
-    "mini-batch) that both representations agree on; 1 when the neighbourhoods match",
-    prepare=_knn_prepare, compare=_knn_compare,
-))
+# Cosine neighbours within each mini-batch; 1 when the neighbourhoods match.
+register_measure(MeasureEntry(name="mutual_knn", prepare=_knn_prepare, compare=_knn_compare))

@@ -9,8 +9,11 @@ size); only g_j on the test split is one extra pass per stitch pair. Without tha
 or with `iri_split: "test"`, the IRIs are made through the protocol's own entry (same cache).
 
 Every measure works on mini-batches of a fixed, seeded partition of the samples, so memory
-stays bounded on large test sets, and reports a 95% bootstrap interval over samples. Adding a
-measure is one `register_measure` call plus its name in the contract's `Measure`.
+stays bounded on large test sets, and reports a 95% bootstrap interval over samples. What a
+measure is called is its catalogue entry's (stitchsim.catalogue.MEASURES); adding a measure
+is its catalogue entry plus one `register_measure` call (in a module imported by this
+package's __init__, or by a plug-in), under the same name: the job, the report, the page and
+the table take it from there.
 """
 
 from __future__ import annotations
@@ -21,11 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from stitchsim.failure import Failure
 from stitchsim.models import (
     Measure,
     MeasureSettings,
 )
-from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.measures.metrics import BOOTSTRAP_RESAMPLES
 from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.stitching.bank import Bank
@@ -52,8 +55,6 @@ class Batching:
 @dataclass(frozen=True)
 class MeasureEntry:
     name: Measure
-    label: str
-    description: str
     prepare: Callable[[torch.Tensor, torch.Tensor, MeasureSettings], Any]
     """(one mini-batch of one representation, flattened, float64; its resampling weights;
     settings) -> what comparisons with another representation need."""
@@ -69,7 +70,7 @@ def batching(n: int, batch_size: int, seed: int, device: torch.device) -> Batchi
     """The partition (no runt batch: the unbiased HSIC needs 4 samples, k-NN more than k; a
     shuffle, so class-sorted data mixes) and the bootstrap multiplicities per batch."""
     if n < 4:
-        raise SpecError(f"the measures need at least 4 samples, got {n}")
+        raise Failure("invalid_spec", f"the measures need at least 4 samples, got {n}")
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(n, generator=gen)
     batches = [b.sort().values for b in order.tensor_split(math.ceil(n / batch_size))]
@@ -80,10 +81,6 @@ def batching(n: int, batch_size: int, seed: int, device: torch.device) -> Batchi
         w = torch.zeros(BOOTSTRAP_RESAMPLES, m, dtype=torch.float32)
         weights.append(w.scatter_add_(1, idx, torch.ones_like(w)).to(device))
     return Batching(batches, weights)
-
-
-def partition(n: int, batch_size: int, seed: int) -> list[torch.Tensor]:
-    return batching(n, batch_size, seed, torch.device("cpu")).batches
 
 
 Source = Bank | torch.Tensor  # per-sample rows of any shape, indexable by sample indices

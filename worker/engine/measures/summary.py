@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import numpy as np
+from stitchsim import catalogue
 from stitchsim.models import (
     Cue,
     Direction,
@@ -30,15 +31,15 @@ def _mean(values: Iterable[float]) -> float:
 
 
 def _drops(rows: list[ResultRow]) -> list[DropRow]:
-    """Standard minus invariance-aware agreement, per point and as the mean over points."""
+    """The baseline's minus the IRI protocol's agreement (catalogue.drop_protocols), per point
+    and as the mean over points."""
+    baseline, iri = catalogue.drop_protocols()
     by_point: dict[tuple[Direction, Objective, str, str], dict[Protocol, float]] = {}
     for r in rows:
         key = (r.direction, r.objective, r.front_layer, r.back_layer)
         by_point.setdefault(key, {})[r.protocol] = r.agreement
     points = [
-        (key, v["standard"], v["invariance_aware"])
-        for key, v in by_point.items()
-        if "standard" in v and "invariance_aware" in v
+        (key, v[baseline], v[iri]) for key, v in by_point.items() if baseline in v and iri in v
     ]
     means: dict[tuple[Direction, Objective], list[tuple[float, float]]] = {}
     for (d, o, _, _), std, inv in points:
@@ -54,18 +55,21 @@ def _drops(rows: list[ResultRow]) -> list[DropRow]:
     return out
 
 
-# Which protocol's figure the verdict uses, in order of preference: the invariance-aware one
-# sees what the standard one hides; cross-task pairing measures compatibility, not similarity.
-SIMILARITY_PREFERENCE: tuple[Protocol, ...] = (
-    "invariance_aware", "standard", "adversarial", "cross_task",
-)
+def similarity_protocol(ran: Iterable[Protocol]) -> Protocol:
+    """The protocol whose figure the verdict reads: the highest catalogue rank among those that
+    ran, the first in catalogue order among equals (the invariance-aware one sees what the
+    standard one hides; cross-task pairing measures compatibility, not similarity)."""
+    protocols = catalogue.PROTOCOLS
+    return max(protocols.ordered(ran),
+               key=lambda p: (protocols[p].rank, -protocols.position(p)))
 
 
 def _excess(controls: list[ResultRow]) -> list[ExcessRow]:
-    """The shortcut control's excessive agreement, maximised over stitch points."""
+    """The unseen-cue control's excessive agreement (its rows carry a cue), maximised over
+    stitch points."""
     best: dict[tuple[Direction, Cue, Protocol, Objective], ResultRow] = {}
     for r in controls:
-        if r.control != "shortcut" or r.cue is None or r.excessive_agreement is None:
+        if r.cue is None or r.excessive_agreement is None:
             continue
         key = (r.direction, r.cue, r.protocol, r.objective)
         if key not in best or r.excessive_agreement > best[key].excessive_agreement:  # type: ignore[operator]
@@ -106,8 +110,8 @@ def _measure_weaker(means: list[MeasureSummaryRow]) -> dict[str, Direction]:
 def summarise(spec: Spec, rows: list[ResultRow], controls: list[ResultRow] | None = None,
               measures: list[MeasureRow] | None = None) -> Summary:
     """Mean agreement over stitch points (rAuA) per protocol, direction and objective; the
-    similarity is the invariance-aware figure when that protocol ran, else the standard one
-    (see SIMILARITY_PREFERENCE), taken in the weaker direction."""
+    similarity is the figure of the highest-ranked protocol that ran (similarity_protocol),
+    taken in the weaker direction."""
     groups: dict[tuple[Protocol, Direction, Objective], list[float]] = {}
     for r in rows:
         groups.setdefault((r.protocol, r.direction, r.objective), []).append(r.agreement)
@@ -123,7 +127,7 @@ def summarise(spec: Spec, rows: list[ResultRow], controls: list[ResultRow] | Non
         for protocol in spec.protocols
     }
     by_protocol = {protocol: min(means.values()) for protocol, means in by_direction.items()}
-    used = next(p for p in SIMILARITY_PREFERENCE if p in by_protocol)
+    used = similarity_protocol(by_protocol)
     weaker = min(by_direction[used], key=by_direction[used].__getitem__)
     measure_means = _measure_means(measures or [])
     return Summary(
@@ -147,8 +151,28 @@ def verdict(summary: Summary) -> Verdict | None:
     return "similar" if summary.similarity >= summary.threshold else "dissimilar"
 
 
+def chance_warning(m: ModelSummary, where: str, dataset: str) -> str | None:
+    """The warning a model at chance gets (in its summary, the one place it is written)."""
+    if not m.near_chance:
+        return None
+    pre = m.preprocess
+    tried = ""
+    if pre is not None and pre.candidates:
+        tried = " under every preprocessing tried (" + ", ".join(
+            f"{c.name} {c.accuracy:.2f}" for c in pre.candidates) + ")"
+    chance = f" (chance {m.chance_accuracy:.3f})" if m.chance_accuracy is not None else ""
+    return (
+        f"THE {where.upper()} MODEL IS AT CHANCE: {m.arch} scores {m.accuracy:.3f} on "
+        f"{dataset}{chance}{tried}, so every figure of this job is computed on a model that "
+        f"does not solve the task. Check that the dataset is the one it was trained on, that "
+        f"arch_kwargs match its training code, and its preprocessing ({where}.mean/std or "
+        f"{where}.preprocess)."
+    )
+
+
 def withheld(spec: Spec, front: ModelSummary, back: ModelSummary) -> str | None:
-    """Why no verdict may be given although a threshold was asked for; None when it may."""
+    """Why no verdict may be given although a threshold was asked for (a clause: renderings
+    lead in with "no verdict" in their own words); None when it may."""
     if spec.threshold is None:
         return None
     at_chance = [w for w, m in (("front", front), ("back", back)) if m.near_chance]
@@ -157,7 +181,7 @@ def withheld(spec: Spec, front: ModelSummary, back: ModelSummary) -> str | None:
     models = {"front": front, "back": back}
     which = " and ".join(f"the {w} model ({models[w].arch})" for w in at_chance)
     return (
-        f"no verdict: {which} scores at chance on this dataset, so agreement with it means "
+        f"{which} scores at chance on this dataset, so agreement with it means "
         "nothing; check the dataset, the arch_kwargs and the preprocessing (mean/std or "
         "preprocess) of that model"
     )
@@ -165,17 +189,18 @@ def withheld(spec: Spec, front: ModelSummary, back: ModelSummary) -> str | None:
 
 def verdict_caveats(summary: Summary, rows: list[ResultRow]) -> list[str]:
     """What the similarity figure rests on that weakens it."""
-    if summary.similarity_protocol != "invariance_aware":
+    used = summary.similarity_protocol
+    if not catalogue.PROTOCOLS[used].uses_iris:
         return []
     loose = sorted({
         f"{r.direction} {r.front_layer}->{r.back_layer} (median {r.iri.median:.2f})"
         for r in rows
-        if r.protocol == "invariance_aware" and r.iri is not None and not r.iri.converged
+        if r.protocol == used and r.iri is not None and not r.iri.converged
     })
     if not loose:
         return []
     return [
-        "the invariance-aware figure rests on IRIs that did not converge at "
+        f"the {catalogue.PROTOCOLS.label(used)} figure rests on IRIs that did not converge at "
         + ", ".join(loose)
         + ": the front model can still tell them from the real inputs, so the stitch was "
         "trained on inputs that are not indistinguishable; raise iri.steps or iri.step_size"

@@ -10,8 +10,8 @@ from typing import Any
 import timm
 import torch
 from safetensors import SafetensorError, safe_open
+from stitchsim.failure import Failure
 from stitchsim.models import ModelRef
-from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.models.preprocess import (
     Choice,
     Preprocess,
@@ -49,27 +49,23 @@ def read_metadata(path: Path) -> dict[str, str]:
         with safe_open(str(path), framework="pt") as f:
             return dict(f.metadata() or {})
     except (SafetensorError, OSError, ValueError) as e:
-        raise SpecError(
-            f"{path.name} is not a readable safetensors file ({e}); export it with "
-            "safetensors.torch.save_file",
-            code="invalid_checkpoint",
-        ) from e
+        raise Failure("invalid_checkpoint",
+                      f"{path.name} is not a readable safetensors file ({e}); export it with "
+                      "safetensors.torch.save_file") from e
 
 
 def resolve_arch(ref: ModelRef, meta: dict[str, str], where: str) -> tuple[str, dict[str, Any]]:
     """Architecture and kwargs: the spec wins, else the checkpoint's metadata."""
     arch = ref.arch or meta.get("arch")
     if not arch:
-        raise SpecError(
-            f"{where}: no architecture given; set {where}.arch in the spec or store "
-            "'arch' in the checkpoint's __metadata__",
-            code="unknown_arch",
-        )
+        raise Failure("unknown_arch",
+                      f"{where}: no architecture given; set {where}.arch in the spec or store "
+                      "'arch' in the checkpoint's __metadata__")
     kwargs = ref.arch_kwargs
     if kwargs is None:
         kwargs = metadata_json(meta, "arch_kwargs", where) or {}
     if not isinstance(kwargs, dict):
-        raise SpecError(f"{where}: arch_kwargs must be a JSON object")
+        raise Failure("invalid_spec", f"{where}: arch_kwargs must be a JSON object")
     check_arch_name(arch, where)
     return arch, kwargs
 
@@ -79,19 +75,20 @@ def check_arch_name(arch: str, where: str) -> None:
     if ":" in arch or "/" in arch or not timm.is_model(arch):
         close = timm.list_models(f"*{arch.split(':')[-1].split('/')[-1][:12]}*")[:_MAX_LISTED]
         hint = f"; similar names: {', '.join(close)}" if close else ""
-        raise SpecError(f"{where}: {arch!r} is not a timm architecture{hint}", code="unknown_arch")
+        raise Failure("unknown_arch", f"{where}: {arch!r} is not a timm architecture{hint}")
 
 
 def _create(arch: str, kwargs: dict[str, Any], where: str) -> nn.Module:
     forbidden = {"pretrained", "pretrained_cfg_overlay", "checkpoint_path", "pretrained_cfg"}
     if forbidden & kwargs.keys():
-        raise SpecError(f"{where}: arch_kwargs may not set {sorted(forbidden & kwargs.keys())}")
+        raise Failure("invalid_spec",
+                      f"{where}: arch_kwargs may not set {sorted(forbidden & kwargs.keys())}")
     try:
         return timm.create_model(arch, pretrained=False, **kwargs)
     except (TypeError, ValueError, AssertionError, RuntimeError, KeyError) as e:
-        raise SpecError(
+        raise Failure(
+            "invalid_arch_kwargs",
             f"{where}: timm could not build {arch!r} with arch_kwargs {kwargs}: {e}",
-            code="invalid_arch_kwargs",
         ) from e
 
 
@@ -118,9 +115,8 @@ def _check_fit(net: nn.Module, ckpt: Shapes, arch: str, kwargs: dict[str, Any], 
                ) -> None:
     problem = _fit_report({k: tuple(v.shape) for k, v in net.state_dict().items()}, ckpt)
     if problem:
-        raise SpecError(
-            f"{where}: checkpoint does not fit {arch} {kwargs}: {problem}", code="weights_mismatch"
-        )
+        raise Failure("weights_mismatch",
+                      f"{where}: checkpoint does not fit {arch} {kwargs}: {problem}")
 
 
 def _strip_wrapper_prefix(sd: dict[str, Any]) -> dict[str, Any]:
@@ -137,9 +133,8 @@ def _read(path: Path, where: str, shapes_only: bool) -> dict[str, Any]:
                 return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
             return {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no iter
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
-        raise SpecError(
-            f"{where}: cannot read tensors from {path.name}: {e}", code="invalid_checkpoint"
-        ) from e
+        raise Failure("invalid_checkpoint",
+                      f"{where}: cannot read tensors from {path.name}: {e}") from e
 
 
 def _fixed_input_size(net: nn.Module) -> int | None:
@@ -157,7 +152,8 @@ def _fixed_input_size(net: nn.Module) -> int | None:
 def _num_classes(net: nn.Module) -> int:
     n = getattr(net, "num_classes", None)
     if not n:
-        raise SpecError("the model has no classifier head (num_classes=0); stitching needs logits")
+        raise Failure("invalid_spec",
+                      "the model has no classifier head (num_classes=0); stitching needs logits")
     return int(n)
 
 

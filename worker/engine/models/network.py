@@ -9,7 +9,7 @@ import difflib
 from collections.abc import Callable, Sequence
 
 import torch
-from stitchsim_worker.engine.errors import SpecError
+from stitchsim.failure import Failure
 from stitchsim_worker.engine.models.cutting import BackPart, ModelSplitter, PointTrace, module_order
 from stitchsim_worker.engine.models.loading import LoadedModel
 from stitchsim_worker.engine.stitching.layer import Rep, rep_of
@@ -32,10 +32,10 @@ class Network:
         try:
             self.traces: dict[str, PointTrace] = module_order(self.net, self._input(example))
         except Exception as e:  # noqa: BLE001 - any failure here is a model/input mismatch
-            raise SpecError(
+            raise Failure(
+                "invalid_input_size",
                 f"{where}: {model.arch} does not run on {self.preprocess.input_size}px "
                 f"inputs ({e}); set {where}.input_size or arch_kwargs such as img_size",
-                code="invalid_input_size",
             ) from e
         self.order = list(self.traces)
         self.shapes = {name: t.shape for name, t in self.traces.items()}
@@ -65,23 +65,23 @@ class Network:
 
     def check_point(self, name: str) -> None:
         if name in self.unstitchable:
-            raise SpecError(
+            raise Failure(
+                "unstitchable_point",
                 f"{self.where}: {self.model.arch} cannot be stitched at {name!r}: "
                 f"{self.unstitchable[name]}; pick another point (list_stitch_points lists the "
                 "stitchable ones)",
-                code="unstitchable_point",
-                details={"point": name, "reason": self.unstitchable[name]},
+                {"point": name, "reason": self.unstitchable[name]},
             )
         if name in self._index:
             return
         close = difflib.get_close_matches(name, self.points, n=5, cutoff=0.5)
         stages = ", ".join(self.stage_points())
         hint = f"did you mean {', '.join(close)}? " if close else ""
-        raise SpecError(
+        raise Failure(
+            "unknown_layer",
             f"{self.where}: {self.model.arch} has no stitch point {name!r}; {hint}"
             f"stage outputs are {stages} (GET the full list with list_stitch_points)",
-            code="unknown_layer",
-            details={"valid_stage_points": self.stage_points()},
+            {"valid_stage_points": self.stage_points()},
         )
 
     def _why_unstitchable(self, name: str) -> str | None:

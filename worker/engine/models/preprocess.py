@@ -15,8 +15,8 @@ from typing import Any
 import timm
 import torch
 import torch.nn.functional as F
+from stitchsim.failure import Failure
 from stitchsim.models import ModelRef, PreprocessCandidate, PreprocessInfo, PreprocessSource
-from stitchsim_worker.engine.errors import SpecError
 from torch import nn
 
 Triple = tuple[float, float, float]
@@ -83,18 +83,19 @@ def metadata_json(meta: dict[str, str], key: str, where: str) -> Any:
     try:
         return json.loads(meta[key])
     except json.JSONDecodeError as e:
-        raise SpecError(f"{where}: __metadata__[{key!r}] is not valid JSON ({e})") from e
+        raise Failure("invalid_spec",
+                      f"{where}: __metadata__[{key!r}] is not valid JSON ({e})") from e
 
 
 def _check_triple(values: Any, what: str, where: str) -> Triple:
     if not isinstance(values, (list, tuple)) or len(values) != 3:
-        raise SpecError(f"{where}: {what} needs 3 values (RGB), got {values!r}")
+        raise Failure("invalid_spec", f"{where}: {what} needs 3 values (RGB), got {values!r}")
     try:
         out = _triple(values)
     except (TypeError, ValueError):
-        raise SpecError(f"{where}: {what} must be numbers, got {values!r}") from None
+        raise Failure("invalid_spec", f"{where}: {what} must be numbers, got {values!r}") from None
     if what == "std" and min(out) <= 0:
-        raise SpecError(f"{where}: std values must be positive, got {values!r}")
+        raise Failure("invalid_spec", f"{where}: std values must be positive, got {values!r}")
     return out
 
 
@@ -104,8 +105,9 @@ def _by_name(name: str, net: nn.Module, where: str, origin: str) -> tuple[Triple
             return mean, std
     if name == "inception":  # deduplicated away: the architecture's config is 0.5/0.5 already
         return (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
-    raise SpecError(
-        f"{where}: {origin} preprocess {name!r} is not one of auto, timm, none, inception"
+    raise Failure(
+        "invalid_spec",
+        f"{where}: {origin} preprocess {name!r} is not one of auto, timm, none, inception",
     )
 
 
@@ -118,15 +120,17 @@ def input_size(
 ) -> int:
     size = ref.input_size or metadata_json(meta, "input_size", where) or fixed or native
     if not isinstance(size, int) or isinstance(size, bool) or size < 1:
-        raise SpecError(f"{where}: input_size must be a positive integer, got {size!r}")
+        raise Failure("invalid_spec",
+                      f"{where}: input_size must be a positive integer, got {size!r}")
     if fixed and size != fixed:
-        raise SpecError(f"{where}: {where}.input_size={size} but the model only takes {fixed}px")
+        raise Failure("invalid_spec",
+                      f"{where}: {where}.input_size={size} but the model only takes {fixed}px")
     if size < MIN_INPUT_SIZE:
-        raise SpecError(
+        raise Failure(
+            "images_too_small",
             f"{where}: the dataset's images are {native}x{native} px, too small for a model to "
             f"see anything; set {where}.input_size (at least {MIN_INPUT_SIZE}) to upsample them, "
             "or upload larger images",
-            code="images_too_small",
         )
     return size
 

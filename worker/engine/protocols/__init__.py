@@ -4,7 +4,7 @@ Each protocol module registers its entry on import; importing this package regis
 """
 
 # isort: off
-# Registration order is the contract's order (reports list protocols in it).
+# Registration order is the catalogue's (tests/engine/test_registries.py holds the two).
 from stitchsim_worker.engine.protocols import standard, invariance_aware, adversarial, cross_task
 # isort: on
 from stitchsim_worker.engine.protocols.entry import (

@@ -53,9 +53,6 @@ def _adversarial_augment(ctx: JobContext, cut: Cut, points: list[str]) -> Augmen
 
 
 register_protocol(ProtocolEntry(
-    name="adversarial", label="adversarial",
-    description="T is trained on the training split with a fraction alpha of each batch "
-    "replaced by PGD inputs crafted against the stitched model, towards the back model's "
-    "processing of the same adversarial inputs",
-    train_split=standard_split, cost=extraction_units, augment=_adversarial_augment,
+    name="adversarial", train_split=standard_split, cost=extraction_units,
+    augment=_adversarial_augment,
 ))

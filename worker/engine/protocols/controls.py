@@ -1,7 +1,8 @@
 """The controls (DESIGN §1), one registered entry each: reference runs that say how to read a
 comparison's figures (a ceiling, a floor, a shortcut probe). Each runs per direction and
-returns rows shaped like the comparison's, with a `control` key. Adding one is one
-`register_control` call plus its name in the contract's `Control`.
+returns rows shaped like the comparison's, with a `control` key. What a control is called
+and how it is drawn are its catalogue entry's (stitchsim.catalogue.CONTROLS). Adding one is
+its catalogue entry plus one `register_control` call here, under the same name.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from stitchsim import catalogue
 from stitchsim.models import Control, Direction, ResultRow, Spec
 from stitchsim_worker.engine.data.datasets import clustered_noise
 from stitchsim_worker.engine.job.context import EVAL_BATCH, JobContext
@@ -36,8 +38,6 @@ from stitchsim_worker.engine.stitching.fitting import (
 @dataclass(frozen=True)
 class ControlEntry:
     name: Control
-    label: str
-    description: str
     run: Callable[[JobContext, Direction], list[ResultRow]]
     cost: Callable[[Spec, Sizes], Units]
     """Its work units in one direction, for the progress plan (costs.py)."""
@@ -48,18 +48,18 @@ register_control = CONTROLS.register
 
 
 def controls_to_run(spec: Spec) -> list[str]:
-    """The spec's controls; cross-task pairing is only readable against the clustered-noise
-    floor, so that one runs whenever cross_task does."""
-    controls = list(spec.controls)
-    if "cross_task" in spec.protocols and "clustered_noise" not in controls:
-        controls.append("clustered_noise")
-    return controls
+    """The spec's controls, and those a protocol of the spec is only readable against (its
+    catalogue entry's read_against: cross-task pairing's clustered-noise floor)."""
+    needed = [c for p in spec.protocols for c in catalogue.PROTOCOLS[p].read_against]
+    return list(dict.fromkeys([*spec.controls, *needed]))
 
 
 # ---------------------------------------------------------------- clustered noise: the floor
 
 _NOISE_CENTRES_SEED_OFFSET = 7
 _NOISE_TRAIN_SEED, _NOISE_TEST_SEED = 11, 12
+_BASELINE = catalogue.PROTOCOLS.one(baseline=True)
+"""The floor's stitch is trained on the noise as the baseline protocol trains on images."""
 
 
 def _clustered_noise(ctx: JobContext, direction: Direction) -> list[ResultRow]:
@@ -85,7 +85,7 @@ def _clustered_noise(ctx: JobContext, direction: Direction) -> list[ResultRow]:
             for objective in spec.objectives:
                 result = fit(ctx, cut, objective, train, [test])
                 result.stitch = "clustered noise -> " + result.stitch
-                rows.append(make_row(ctx, cut, objective, "standard", result.on(0), test,
+                rows.append(make_row(ctx, cut, objective, _BASELINE, result.on(0), test,
                                      result, control="clustered_noise", sigma=sigma))
     return rows
 
@@ -97,10 +97,7 @@ def _clustered_noise_cost(spec: Spec, sizes: Sizes) -> Units:
 
 
 register_control(ControlEntry(
-    name="clustered_noise", label="clustered noise (floor)",
-    description="one noise centre per class fed through T into the back model: the accuracy a "
-    "representation with nothing but class clusters reaches, the floor for standard scores",
-    run=_clustered_noise, cost=_clustered_noise_cost,
+    name="clustered_noise", run=_clustered_noise, cost=_clustered_noise_cost,
 ))
 
 
@@ -123,12 +120,7 @@ def _identity_cost(spec: Spec, sizes: Sizes) -> Units:
     return per_cut * sizes.pairs
 
 
-register_control(ControlEntry(
-    name="identity", label="identity (ceiling)",
-    description="the back model stitched into itself at the same point: agreement near 1 is "
-    "the ceiling, and a sanity check of the stitch",
-    run=_identity, cost=_identity_cost,
-))
+register_control(ControlEntry(name="identity", run=_identity, cost=_identity_cost))
 
 
 # ---------------------------------------------------------------- shortcut: the unseen-cue suite
@@ -170,10 +162,4 @@ def _shortcut_cost(spec: Spec, sizes: Sizes) -> Units:
     return per_cut * (sizes.pairs * len(spec.control_settings.cues))
 
 
-register_control(ControlEntry(
-    name="shortcut", label="unseen cues (shortcut)",
-    description="class markers neither model saw, painted onto the stitch-training inputs "
-    "(pixel_specific, pixel_rand, rand_rand); excessive agreement is the agreement with the "
-    "right markers minus with markers rolled by one class",
-    run=_shortcut, cost=_shortcut_cost,
-))
+register_control(ControlEntry(name="shortcut", run=_shortcut, cost=_shortcut_cost))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import torch
+from stitchsim.failure import Failure
 from stitchsim.models import IRIStats
-from stitchsim_worker.engine.errors import SpecError
 from stitchsim_worker.engine.job.context import Cut, JobContext
 from stitchsim_worker.engine.protocols.entry import (
     ProtocolEntry,
@@ -30,8 +30,9 @@ def _paired(ctx: JobContext, cut: Cut, split_name: str) -> tuple[torch.Tensor, B
     for c in labels.unique():
         pool = (theirs.labels == c).nonzero().flatten()
         if len(pool) == 0:
-            raise SpecError(f"cross_task: the back model's dataset has no {split_name} sample "
-                            f"of class {int(c)}, which front class(es) are paired with")
+            raise Failure("invalid_spec",
+                          f"cross_task: the back model's dataset has no {split_name} sample "
+                          f"of class {int(c)}, which front class(es) are paired with")
         where = (labels == c).nonzero().flatten()
         partner[where] = pool[torch.randint(0, len(pool), (len(where),), generator=g)]
     pixels = ctx.own_pixels[cut.f.where][0 if split_name == "train" else 1]
@@ -69,10 +70,6 @@ def _cross_task_test(ctx: JobContext, cut: Cut) -> Split:
 
 
 register_protocol(ProtocolEntry(
-    name="cross_task", label="cross-task pairing",
-    description="front and back models of different tasks: T is trained with the front "
-    "model's own images and hard labels paired into the back model's classes; it measures "
-    "compatibility, not shared meaning (read it against the clustered-noise floor)",
-    train_split=_cross_task_train, cost=extraction_units, test_split=_cross_task_test,
-    in_controls=False,
+    name="cross_task", train_split=_cross_task_train, cost=extraction_units,
+    test_split=_cross_task_test,
 ))

@@ -6,6 +6,8 @@ Three cues, one registered entry each: a class-coloured square at a class-specif
 (`pixel_specific`), the same colours at a random place (`pixel_rand`), and random colours at
 random places (`rand_rand`, which carries no class information: the control that should give
 an excessive agreement of about zero). Colours are far apart in RGB (farthest-point sampling).
+What a cue is called is its catalogue entry's (stitchsim.catalogue.CUES); adding one is its
+catalogue entry plus one `register_cue` call here.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ MarkFn = Callable[[torch.Tensor, torch.Tensor, int, int, torch.Generator], torch
 @dataclass(frozen=True)
 class Cue:
     name: str
-    description: str
     mark: MarkFn
     """(images, classes, n_classes, marker side, generator) -> marked copy of images."""
 
@@ -94,18 +95,6 @@ def _rand_rand(
     return _paint(images, colours, places, side)
 
 
-register_cue(Cue(
-    name="pixel_specific",
-    description="a class-coloured square at a class-specific place",
-    mark=_pixel_specific,
-))
-register_cue(Cue(
-    name="pixel_rand",
-    description="a class-coloured square at a random place",
-    mark=_pixel_rand,
-))
-register_cue(Cue(
-    name="rand_rand",
-    description="a randomly coloured square at a random place: no class information (control)",
-    mark=_rand_rand,
-))
+register_cue(Cue(name="pixel_specific", mark=_pixel_specific))
+register_cue(Cue(name="pixel_rand", mark=_pixel_rand))
+register_cue(Cue(name="rand_rand", mark=_rand_rand))

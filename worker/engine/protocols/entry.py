@@ -2,7 +2,11 @@
 
 An entry turns a run's training inputs into the split T is fitted on (and the figures that
 describe how it was made, such as IRI convergence), and says what that costs for the progress
-plan. Every protocol is evaluated on the normal test split unless it brings its own.
+plan. Every protocol is evaluated on the normal test split unless it brings its own. What a
+protocol is called, its rank for the verdict and its flags (uses IRIs, runs in the controls,
+needs the front model's dataset ...) are its catalogue entry's (stitchsim.catalogue.PROTOCOLS).
+Adding a protocol is its catalogue entry plus one `register_protocol` call, in a module of
+this package imported by its __init__, under the same name.
 """
 
 from __future__ import annotations
@@ -26,8 +30,6 @@ TrainSplitFn = Callable[[JobContext, Cut, InputSet, list[str]], tuple[Split, IRI
 @dataclass(frozen=True)
 class ProtocolEntry:
     name: Protocol
-    label: str
-    description: str
     train_split: TrainSplitFn
     """(ctx, cut, training inputs, back alignment points) -> split to fit T on, and stats."""
     cost: Callable[[Spec, int], Units]
@@ -36,8 +38,6 @@ class ProtocolEntry:
     """Rewrites each training batch against the stitch being trained (adversarial)."""
     test_split: Callable[[JobContext, Cut], Split] | None = None
     """Its own test split, when it is not the comparison's (cross-task pairing)."""
-    in_controls: bool = True
-    """Whether the controls (identity, shortcut) run it too."""
 
 
 PROTOCOLS: Registry[ProtocolEntry] = Registry("protocol")

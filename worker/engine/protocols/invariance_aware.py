@@ -71,8 +71,5 @@ def _iris_and_extraction(spec: Spec, n: int) -> Units:
 
 
 register_protocol(ProtocolEntry(
-    name="invariance_aware", label="invariance-aware",
-    description="T is trained on IRIs: inputs the front model cannot tell from the training "
-    "inputs at the stitch point, towards the back model's own processing of the IRIs",
-    train_split=_invariance_aware, cost=_iris_and_extraction,
+    name="invariance_aware", train_split=_invariance_aware, cost=_iris_and_extraction,
 ))

@@ -26,7 +26,5 @@ def extraction_units(_spec: Spec, n: int) -> Units:
 
 
 register_protocol(ProtocolEntry(
-    name="standard", label="standard",
-    description="T is trained on the training split, towards the back model's processing of it",
-    train_split=standard_split, cost=extraction_units,
+    name="standard", train_split=standard_split, cost=extraction_units,
 ))

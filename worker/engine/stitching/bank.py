@@ -33,10 +33,6 @@ class Bank:
     def nbytes(n: int, shape: tuple[int, ...], dtype: torch.dtype) -> int:
         return n * int(np.prod(shape, dtype=np.int64)) * torch.empty((), dtype=dtype).element_size()
 
-    @property
-    def on_disk(self) -> bool:
-        return self._mm is not None
-
     def write(self, start: int, values: torch.Tensor) -> None:
         values = values.detach().to("cpu", self.dtype)
         if self._ram is not None:

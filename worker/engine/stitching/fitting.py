@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from stitchsim import catalogue
 from stitchsim.models import Control, Objective, Protocol, ResultRow, RobustStats
 from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
 from stitchsim_worker.engine.measures.metrics import Figures, evaluate, seed_interval
@@ -39,7 +40,7 @@ class Fit:
 def alignment_points(ctx: JobContext, cut: Cut) -> list[str]:
     """The back model's points the objectives need targets at: j, then every later stage when
     an objective aligns them (fula)."""
-    if any(OBJECTIVES[o].aligns_later_points for o in ctx.spec.objectives):
+    if catalogue.OBJECTIVES.any_of(ctx.spec.objectives, aligns_later_points=True):
         return [cut.j, *cut.g.later_stages(cut.j)]
     return [cut.j]
 
@@ -49,7 +50,8 @@ def fit(ctx: JobContext, cut: Cut, objective: Objective, train: Split,
     """Train T for each seed on `train`; evaluate it on each of `tests`."""
     t0 = time.perf_counter()
     entry, settings = OBJECTIVES[objective], ctx.spec.train
-    later = cut.g.later_stages(cut.j) if entry.aligns_later_points else []
+    aligns_later = catalogue.OBJECTIVES[objective].aligns_later_points
+    later = cut.g.later_stages(cut.j) if aligns_later else []
     back = cut.g.back(cut.j, later)
     ctx.tracker.focus(objective=objective)
     logits, losses, stitches = [], [], []
@@ -135,7 +137,7 @@ def protocol_rows(ctx: JobContext, cut: Cut, inputs: InputSet, tests: list[Split
     robust = ctx.spec.adversarial.evaluate and control is None
     for protocol in ctx.spec.protocols:
         entry = PROTOCOLS[protocol]
-        if control is not None and not entry.in_controls:
+        if control is not None and not catalogue.PROTOCOLS[protocol].in_controls:
             continue
         ctx.tracker.focus(point=cut.label, protocol=protocol)
         train, stats = entry.train_split(ctx, cut, inputs, points)

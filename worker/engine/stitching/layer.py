@@ -10,7 +10,6 @@ a token-wise linear layer for tokens, a linear layer for vectors.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -191,12 +190,3 @@ class LeastSquares:
         weight, bias = solution[:-1].T, solution[-1]
         self.stitch.weight.copy_(weight.to(self.stitch.weight))
         self.stitch.bias.copy_(bias.to(self.stitch.bias))
-
-
-def fit_least_squares(
-    stitch: StitchLayer, pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]
-) -> None:
-    ls = LeastSquares(stitch)
-    for source, target in pairs:
-        ls.add(source, target)
-    ls.solve()

@@ -1,8 +1,9 @@
 """The alignment objectives (DESIGN §1), one registered entry each.
 
-An entry says how T is fitted (a loss for Adam, or a closed form), which of the back model's
-tensors it needs, what a fit costs for the progress plan, and how reports name it. Adding an
-objective is one `register_objective` call plus its name in the contract's `Objective`.
+An entry says how T is fitted (a loss for Adam, or a closed form) and what a fit costs for the
+progress plan. What an objective is called, and its flags (which of the back model's tensors
+it needs), are its catalogue entry's (stitchsim.catalogue.OBJECTIVES). Adding an objective is
+its catalogue entry plus one `register_objective` call here, under the same name.
 """
 
 from __future__ import annotations
@@ -32,23 +33,16 @@ LS_BATCH = 256
 @dataclass(frozen=True)
 class ObjectiveEntry:
     name: Objective
-    label: str
-    description: str
     fit: Callable[[FitTask], float]
-    """Fits task.stitch on task.split (initialised or not); returns the training loss."""
+    """Fits task.stitch on task.split (initialised or not); returns the training loss. An
+    objective whose catalogue entry aligns later points gets the back model's tensors at j and
+    every later stage as targets, not just at j."""
     cost: Callable[[int, TrainSettings], int]
     """Work units (batches through T and g>j) of one fit on n training samples."""
-    aligns_later_points: bool = False
-    """Its targets are the back model's tensors at j and every later stage, not just at j."""
-    closed_form: bool = False
 
 
 OBJECTIVES: Registry[ObjectiveEntry] = Registry("objective")
 register_objective = OBJECTIVES.register
-
-
-def get_objective(name: str) -> ObjectiveEntry:
-    return OBJECTIVES[name]
 
 
 # ---------------------------------------------------------------- losses
@@ -106,25 +100,9 @@ def _one_pass(n: int, _settings: TrainSettings) -> int:
     return math.ceil(n / LS_BATCH)
 
 
+register_objective(ObjectiveEntry(name="hlm", fit=_adam(hard_label_loss), cost=_epochs))
+register_objective(ObjectiveEntry(name="slm", fit=_adam(soft_label_loss), cost=_epochs))
+register_objective(ObjectiveEntry(name="dm", fit=_closed_form, cost=_one_pass))
 register_objective(ObjectiveEntry(
-    name="hlm", label="hard-label matching",
-    description="cross-entropy of the stitched model against the labels",
-    fit=_adam(hard_label_loss), cost=_epochs,
-))
-register_objective(ObjectiveEntry(
-    name="slm", label="soft-label matching",
-    description="KL divergence from the back model's softmax to the stitched model's",
-    fit=_adam(soft_label_loss), cost=_epochs,
-))
-register_objective(ObjectiveEntry(
-    name="dm", label="direct matching",
-    description="relative distance to the back model's tensor at the stitch point, solved in "
-    "closed form (least squares over the whole training split)",
-    fit=_closed_form, cost=_one_pass, closed_form=True,
-))
-register_objective(ObjectiveEntry(
-    name="fula", label="functional latent alignment",
-    description="mean relative distance to the back model's tensors at the stitch point and "
-    "every later stage",
-    fit=_adam(latent_alignment_loss, with_feats=True), cost=_epochs, aligns_later_points=True,
+    name="fula", fit=_adam(latent_alignment_loss, with_feats=True), cost=_epochs,
 ))
