@@ -198,7 +198,7 @@ def test_long_poll_returns_at_a_change_or_after_the_wait(
 
 def test_waiting_clients_cost_one_table_read_per_interval(
         service_factory: ServiceFactory, ckpts: Any) -> None:
-    """30 clients waiting 3 s on 3 jobs: the gateway reads the job table about once per
+    """30 clients waiting 6 s on 3 jobs: the gateway reads the job table about once per
     watcher interval for all of them together, not once per client; and not at all once
     they are gone."""
     svc = service_factory.embedded(extra_env=ENV, workers=False)
@@ -209,11 +209,14 @@ def test_waiting_clients_cost_one_table_read_per_interval(
     before = _metric(svc, "stitchsim_job_watch_reads_total")
     results: list[tuple[httpx.Response, float]] = []
     threads = [threading.Thread(target=lambda i=i: results.append(
-        _long_poll(svc, key, jobs[i % 3], etags[i % 3], 3))) for i in range(30)]
+        _long_poll(svc, key, jobs[i % 3], etags[i % 3], 6))) for i in range(30)]
     t0 = time.monotonic()
     for t in threads:
         t.start()
-    time.sleep(1.5)
+    # All 30 are waiting at once (on a loaded machine the threads take a while to connect).
+    deadline = time.monotonic() + 4.0
+    while _metric(svc, "stitchsim_job_waiters") < 30 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert _metric(svc, "stitchsim_job_waiters") == 30
     for t in threads:
         t.join(30)
