@@ -29,9 +29,17 @@ def pack_dataset(source: str | Path, out: str | Path,
     """Read `source` (any supported format), write the service's dataset file to `out` and
     return what was found and done. Raises DatasetSourceError (what to fix, naming the file)
     or MissingExtra (the `data` extra is not installed); `out` is only written whole."""
+    from stitchsim.packing import deps
+    from stitchsim.packing.formats import detect
+
+    options = options or PackOptions()
+    # The extra is checked before anything imports numpy, so its absence reads as what to do.
+    deps.require(detect(Path(source), options.format))
+    if options.test is not None:
+        deps.require(detect(options.test))
     from stitchsim.packing.pack import pack
 
-    return pack(Path(source), Path(out), options or PackOptions())
+    return pack(Path(source), Path(out), options)
 
 
 def is_service_file(path: str | Path) -> bool:

@@ -16,9 +16,15 @@ _DISTRIBUTIONS = {"PIL": "Pillow"}
 def require(format_name: str) -> None:
     """Raise MissingExtra unless every package the format's reader needs is importable."""
     entry = DATASET_FORMATS[format_name]
-    missing = [_DISTRIBUTIONS.get(m, m) for m in entry.needs
-               if importlib.util.find_spec(m) is None]
+    missing = [_DISTRIBUTIONS.get(m, m) for m in entry.needs if not _importable(m)]
     if missing:
         raise MissingExtra(
             f"reading {entry.label} datasets needs {', '.join(missing)}, which this client was "
             f"installed without; install the client's data extra: {INSTALL}")
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a module blocked in sys.modules
+        return False
