@@ -108,23 +108,36 @@ def _target_size(source: Path, sizes: Counter[tuple[int, int]], options: PackOpt
                                              if len(sizes) > 1 else "")
 
 
-def pack(source: Path, out: Path, options: PackOptions) -> PackSummary:
-    from stitchsim.packing.images import BadImage, pixels
-    from stitchsim.packing.writer import DatasetWriter
+@dataclass
+class _Plan:
+    """Everything the file's header needs, decided by the first read."""
 
-    found = read_source(source, options, given=options.format)
-    test = read_source(options.test, options) if options.test is not None else None
-    streams = _splits(options, found, test)
-    scans = {split: _scan(source if split == "train" or test is None else test.source, s)
-             for split, s in streams.items()}
+    classes: Classes | None
+    layout: dict[str, tuple[str, np.ndarray]]
+    """Each output split as (the source split its records come from, their indices in the
+    file's order)."""
+    how: TestSplit
+    size: tuple[int, int]
+    size_chosen: str
+    grey: bool
+    resized: int
+    notes: list[str]
+
+    @property
+    def chw(self) -> tuple[int, int, int]:
+        return (1 if self.grey else 3, *self.size)
+
+
+def _plan(found: Found, test: Found | None, scans: dict[str, _Scan],
+          options: PackOptions) -> _Plan:
+    source = found.source
     classes = None
     if found.labelled:
         classes = class_ids(source, {s: sc.labels for s, sc in scans.items()},
                             {s: sc.wheres for s, sc in scans.items()},
                             found.class_names or (test.class_names if test else None))
-    # Each output split as (source split, its records' indices), in the file's order.
     layout: dict[str, tuple[str, np.ndarray]] = {}
-    if "test" in streams:
+    if "test" in scans:
         how = found.test_split or TestSplit(made=False)
         for split in ("train", "test"):
             check_size(source, split, len(scans[split].wheres))
@@ -137,44 +150,64 @@ def pack(source: Path, out: Path, options: PackOptions) -> PackSummary:
     layout = {s: (src, shuffled(idx, options.seed, s)) for s, (src, idx) in layout.items()}
     used = Counter(scans[src].sizes[i] for src, idx in layout.values() for i in idx)
     size, chosen = _target_size(source, used, options)
-    grey = all(sc.grey for sc in scans.values())
-    chw = (1 if grey else 3, *size)
     notes = list(found.notes) + (list(test.notes) if test else [])
     resized = sum(k for sz, k in used.items() if sz != size)
     if resized:
         notes.append(f"{resized} of {sum(used.values())} images resized to {size[0]}x{size[1]} "
                      f"({chosen.split(' (')[0]}): scaled to cover it and centre-cropped")
-    metadata = _metadata(found, classes, how, notes)
-    counts = {s: len(idx) for s, (_, idx) in layout.items()}
-    writer = DatasetWriter(out, counts, chw, classes is not None, metadata)
+    return _Plan(classes, layout, how, size, chosen, all(sc.grey for sc in scans.values()),
+                 resized, notes)
+
+
+def _write(out: Path, found: Found, plan: _Plan, streams: dict[str, Stream],
+           sources: dict[str, Path], scans: dict[str, _Scan]) -> int:
+    """The second read: every image decoded into its place; the file's size."""
+    from stitchsim.packing.images import BadImage, pixels
+    from stitchsim.packing.writer import DatasetWriter
+
+    counts = {s: len(idx) for s, (_, idx) in plan.layout.items()}
+    writer = DatasetWriter(out, counts, plan.chw, plan.classes is not None,
+                           _metadata(found, plan.classes, plan.how, plan.notes))
     try:
-        if classes is not None:
-            for s, (src, idx) in layout.items():
-                writer.labels(s, classes.ids[src][idx])
+        if plan.classes is not None:
+            for s, (src, idx) in plan.layout.items():
+                writer.labels(s, plan.classes.ids[src][idx])
         for src, stream in streams.items():
-            place = {int(i): (s, pos) for s, (from_, idx) in layout.items() if from_ == src
-                     for pos, i in enumerate(idx)}
+            place = {int(i): (s, pos) for s, (from_, idx) in plan.layout.items()
+                     if from_ == src for pos, i in enumerate(idx)}
+            wheres = scans[src].wheres
             for i, record in enumerate(stream.scan()):
-                if i >= len(scans[src].wheres) or record.where != scans[src].wheres[i]:
-                    raise DatasetSourceError(f"{stream.name}: changed while it was packed; "
+                if i >= len(wheres) or record.where != wheres[i]:
+                    raise DatasetSourceError(f"{sources[src]}: changed while it was packed; "
                                              "pack it again")
                 try:
-                    chw_pixels, _ = pixels(record, size, grey)
+                    chw, _ = pixels(record, plan.size, plan.grey)
                 except BadImage as exc:
-                    raise DatasetSourceError(f"{stream.name}: {record.where} cannot be decoded "
-                                             f"({exc}); remove or replace it") from None
-                writer.image(*place[i], chw_pixels)
-        nbytes = writer.finish()
+                    raise DatasetSourceError(f"{sources[src]}: {record.where} cannot be "
+                                             f"decoded ({exc}); remove or replace it") from None
+                writer.image(*place[i], chw)
+        return writer.finish()
     except BaseException:
         writer.abort()
         raise
+
+
+def pack(source: Path, out: Path, options: PackOptions) -> PackSummary:
+    found = read_source(source, options, given=options.format)
+    test = read_source(options.test, options) if options.test is not None else None
+    streams = _splits(options, found, test)
+    sources = {s: test.source if test is not None and s == "test" else source for s in streams}
+    scans = {split: _scan(sources[split], stream) for split, stream in streams.items()}
+    plan = _plan(found, test, scans, options)
+    nbytes = _write(out, found, plan, streams, sources, scans)
     return PackSummary(
         source=source, format=found.format, out=out, out_bytes=nbytes,
-        classes=classes.names if classes else None,
-        train=_count(classes, layout["train"]), test=_count(classes, layout["test"]),
-        test_split=how, image_shape=chw,
+        classes=plan.classes.names if plan.classes else None,
+        train=_count(plan.classes, plan.layout["train"]),
+        test=_count(plan.classes, plan.layout["test"]), test_split=plan.how,
+        image_shape=plan.chw,
         sizes_found=dict(Counter(sz for sc in scans.values() for sz in sc.sizes).most_common()),
-        resized=resized, size_chosen=chosen, notes=tuple(notes),
+        resized=plan.resized, size_chosen=plan.size_chosen, notes=tuple(plan.notes),
         test_source=options.test)
 
 
