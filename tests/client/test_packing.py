@@ -388,6 +388,17 @@ def test_every_catalogued_format_has_its_reader() -> None:
         assert name == module.NAME and callable(reader(name))
 
 
+def test_packing_options_for_a_dataset_not_uploaded_from_a_path_are_refused() -> None:
+    from stitchsim import Client
+    from stitchsim.errors import UsageError
+
+    with Client("http://127.0.0.1:9") as client, pytest.raises(  # nothing listens: no request
+            UsageError, match="packing options apply to a dataset uploaded from a file or "
+            "folder, but dataset is 'digits'"):
+        client.compare("sha256:" + "0" * 64, "sha256:" + "1" * 64, dataset="digits",
+                       dataset_options={"size": 64})
+
+
 def test_pack_options_parse_sizes_and_refuse_unknown_fields() -> None:
     assert PackOptions(size="48x64").size == (48, 64) and PackOptions(size=32).size == (32, 32)
     for bad in ({"size": "big"}, {"test_fraction": 1.5}, {"format": "hdf5"}, {"colour": 1}):

@@ -313,6 +313,11 @@ class Client:
         # Validated once, with stand-in ids: no upload for a spec that cannot run. The ids the
         # service gives the uploads then replace the stand-ins; they are ids by construction.
         trial = {**payload, **_dataset_placeholder(payload)}
+        if dataset_options and trial.get("dataset") != _PLACEHOLDER_ID:
+            raise UsageError(
+                f"packing options apply to a dataset uploaded from a file or folder, but "
+                f"dataset is {payload.get('dataset', 'digits')!r} (a built-in name or a stored "
+                "id; or a path that does not exist)")
         for side, ref in refs.items():
             trial[side] = {**ref, "checkpoint": _PLACEHOLDER_ID}
         spec = _validate_spec(trial)
