@@ -14,15 +14,16 @@ __version__ = "0.1.0"
 
 _EXPORTS: dict[str, str] = {
     **dict.fromkeys(
-        ("APIError", "AuthenticationError", "Conflict", "ConnectionFailed", "InvalidFile",
-         "InvalidRequest", "InvalidSpec", "JobCancelled", "JobError", "JobFailed", "NotFound",
-         "RateLimited", "ServerError", "ServiceUnavailable", "StitchsimError", "UsageError",
-         "WaitTimeout"),
+        ("APIError", "AuthenticationError", "Conflict", "ConnectionFailed",
+         "DatasetSourceError", "InvalidFile", "InvalidRequest", "InvalidSpec", "JobCancelled",
+         "JobError", "JobFailed", "MissingExtra", "NotFound", "RateLimited", "ServerError",
+         "ServiceUnavailable", "StitchsimError", "UsageError", "WaitTimeout"),
         "stitchsim.errors",
     ),
     **dict.fromkeys(("JobStatus", "Report", "Spec", "StoredObject"), "stitchsim.models"),
     "Failure": "stitchsim.failure",
     **dict.fromkeys(("Client", "Job", "file_sha256"), "stitchsim.sdk"),
+    **dict.fromkeys(("PackOptions", "PackSummary", "pack_dataset"), "stitchsim.packing"),
 }
 
 __all__ = sorted(_EXPORTS)

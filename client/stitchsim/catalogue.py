@@ -83,6 +83,8 @@ class ObjectiveEntry(Entry):
     pairing of two tasks can train: no back-model output exists for the front task's inputs)."""
     default: bool = False
     """In a spec that names no objectives."""
+    needs_labels: bool = False
+    """It trains on the dataset's class labels (hlm): an unlabelled dataset cannot run it."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,8 @@ class ProtocolEntry(Entry):
     """Controls that run whenever it runs: its figures mean nothing without them."""
     default: bool = False
     """In a spec that names no protocols."""
+    needs_labels: bool = False
+    """It reads the dataset's class labels: an unlabelled dataset cannot run it."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +118,8 @@ class ControlEntry(Entry):
     """Drawn as a band behind the comparison's lines (a ceiling or a floor)."""
     paints_cues: bool = False
     """It paints the unseen cues (control_settings.cues): its rows carry a cue."""
+    needs_labels: bool = False
+    """It is built from the dataset's class labels: an unlabelled dataset cannot run it."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +147,11 @@ class OutputKindEntry(Entry):
 @dataclass(frozen=True)
 class DatasetFormatEntry(Entry):
     suffixes: tuple[str, ...] = ()
-    """File name endings the client recognises it by (a directory: empty)."""
+    """File name endings the client recognises it by."""
+    directory: bool = False
+    """The client reads it from a directory too (not only from a file)."""
+    needs: tuple[str, ...] = ()
+    """Python packages its reader needs beyond the client's own (the `data` extra)."""
 
 
 E = TypeVar("E", bound=Entry)
@@ -235,7 +245,8 @@ class Kind(Generic[E]):
 OBJECTIVES: Kind[ObjectiveEntry] = Kind("objective", (
     ObjectiveEntry(
         "hlm", "hard-label matching (hlm)", "cross-entropy of the stitched model against the "
-        "labels", short="hlm", style=PlotStyle(BLUE, "-", "o"), labels_only=True),
+        "labels", short="hlm", style=PlotStyle(BLUE, "-", "o"), labels_only=True,
+        needs_labels=True),
     ObjectiveEntry(
         "slm", "soft-label matching (slm)", "KL divergence from the back model's softmax to "
         "the stitched model's (temperature 1)", short="slm",
@@ -269,7 +280,8 @@ PROTOCOLS: Kind[ProtocolEntry] = Kind("protocol", (
         "with the front model's own images and hard labels paired into the back model's "
         "classes; it measures compatibility, not shared meaning (read it against the "
         "clustered-noise floor)", style=PlotStyle(GREY, ":", "^"),
-        needs_front_dataset=True, in_controls=False, read_against=("clustered_noise",)),
+        needs_front_dataset=True, in_controls=False, read_against=("clustered_noise",),
+        needs_labels=True),
 ))
 
 CONTROLS: Kind[ControlEntry] = Kind("control", (
@@ -277,7 +289,7 @@ CONTROLS: Kind[ControlEntry] = Kind("control", (
         "clustered_noise", "clustered noise", "one noise centre per class fed through T into "
         "the back model: the accuracy a representation with nothing but class clusters "
         "reaches (the floor)", short="noise floor",
-        band=BandStyle(GREY, "clustered-noise floor", hatch="///")),
+        band=BandStyle(GREY, "clustered-noise floor", hatch="///"), needs_labels=True),
     ControlEntry(
         "identity", "identity", "the back model stitched into itself at the same point: "
         "agreement near 1 is the ceiling and a sanity check", short="ceiling",
@@ -286,7 +298,7 @@ CONTROLS: Kind[ControlEntry] = Kind("control", (
         "shortcut", "unseen cues", "class markers neither model saw, painted onto the "
         "stitch-training inputs: agreement that falls when the markers are rolled by one "
         "class was bought by the marker (excessive agreement)", short="unseen cues",
-        paints_cues=True),
+        paints_cues=True, needs_labels=True),
 ))
 
 CUES: Kind[Entry] = Kind("cue", (
@@ -326,11 +338,29 @@ OUTPUT_KINDS: Kind[OutputKindEntry] = Kind("output kind", (
         "agreement, accuracy and error consistency"),
 ))
 
+_IMAGE_PACKAGES = ("numpy", "PIL")
 DATASET_FORMATS: Kind[DatasetFormatEntry] = Kind("dataset format", (
     DatasetFormatEntry(
-        "safetensors", "safetensors", "one file with train_images, train_labels, test_images "
-        "and test_labels (uint8 N x C x H x W or float in [0,1]; int64 labels)",
-        suffixes=(".safetensors",)),
+        "safetensors", "safetensors", "the service's own file: train_images and test_images "
+        "(uint8 N x C x H x W, or float in [0,1]), train_labels and test_labels (integers; "
+        "both or neither); uploaded as it is", suffixes=(".safetensors",), needs=("numpy",)),
+    DatasetFormatEntry(
+        "imagefolder", "ImageFolder", "one folder per class holding its images (PNG, JPEG, "
+        "...), optionally under train/ and test/; a directory, or a zip or tar of one",
+        suffixes=(".zip", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz"), directory=True,
+        needs=_IMAGE_PACKAGES),
+    DatasetFormatEntry(
+        "parquet", "parquet", "a table with an image column (encoded bytes, or the "
+        "{bytes, path} struct Hugging Face datasets exports) and a label column (integers or "
+        "names)", suffixes=(".parquet",), needs=(*_IMAGE_PACKAGES, "pyarrow")),
+    DatasetFormatEntry(
+        "npz", "NumPy .npz", "arrays named x_train, y_train, x_test, y_test (or "
+        "train_images, train_labels, test_images, test_labels; or images, labels): images "
+        "N x H x W (x C) or N x C x H x W", suffixes=(".npz",), needs=_IMAGE_PACKAGES),
+    DatasetFormatEntry(
+        "webdataset", "WebDataset", "a tar of samples grouped by key: an image file "
+        "(KEY.jpg, KEY.png ...) and its label (KEY.cls, KEY.txt or KEY.json)",
+        suffixes=(".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz"), needs=_IMAGE_PACKAGES),
 ))
 
 KINDS: tuple[Kind[Entry], ...] = (  # type: ignore[assignment]

@@ -56,6 +56,8 @@ _ENTRIES = _GENERIC + (
     _c("invalid_safetensors", 422, True, False, "the file is not a safetensors file we accept"),
     _c("unsupported_format", 415, True, False, "the file is a pickle, zip or other format"),
     _c("invalid_dataset", 422, True, False, "the file does not hold a usable dataset"),
+    _c("labels_needed", 422, True, False, "the dataset has no labels, and the job asks for "
+       "figures that read them"),
     _c("idempotency_conflict", 409, True, False, "the Idempotency-Key was used for another "
        "request"),
     _c("too_many_jobs", 429, False, True, "the key has as many jobs in flight as allowed"),

@@ -56,6 +56,16 @@ class InvalidFile(Failure, UsageError):
         super().__init__(code, message)
 
 
+class DatasetSourceError(UsageError):
+    """A dataset to pack (a folder, an archive, a parquet, npz or WebDataset file) cannot be
+    read as one; the message names the file and what to fix. Raised before anything is
+    uploaded."""
+
+
+class MissingExtra(UsageError):
+    """An optional part of the client is not installed; the message names the pip command."""
+
+
 # ---------------------------------------------------------------- transport and HTTP
 
 

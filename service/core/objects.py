@@ -52,6 +52,9 @@ def dataset_info(header: Header, ds: DatasetFileInfo) -> dict[str, Any]:
         "image_shape": list(ds.image_shape),
         "image_dtype": ds.image_dtype,
         "n_classes": ds.n_classes,
+        "labelled": ds.labelled,
+        "test_split": ds.test_split.describe() if ds.test_split else None,
+        "source_format": ds.source_format,
         "metadata": header.metadata,
     }
 
@@ -66,7 +69,8 @@ def dataset_listing(row: ObjectRow) -> DatasetInfo:
     info = json.loads(row.info_json)
     return DatasetInfo(id=row.id, builtin=False, size=row.size, n_train=info.get("n_train"),
                        n_test=info.get("n_test"), image_shape=info.get("image_shape"),
-                       n_classes=info.get("n_classes"),
+                       n_classes=info.get("n_classes"), labelled=info.get("labelled", True),
+                       test_split=info.get("test_split"), source_format=info.get("source_format"),
                        description=info.get("metadata", {}).get("description", ""))
 
 

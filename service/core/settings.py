@@ -50,7 +50,14 @@ class Settings(BaseSettings):
         description="true = keys even on loopback; keys are always required when host is "
         "not loopback and for clients connecting from beyond loopback",
     )
-    max_upload_bytes: int = Field(default=2 * 1024**3, ge=1024)
+    max_upload_bytes: int = Field(
+        default=2 * 1024**3, ge=1024, description="largest checkpoint or dataset file (413 "
+        "beyond). What a larger cap costs: the spool (data_dir/tmp) and the store hold the "
+        "file while it is received and for as long as it is kept (counted in the key's "
+        "storage quota), and with a remote store (s3://) each worker downloads it into its cache "
+        "once; "
+        "a job's memory does not grow with it (uint8 datasets are memory-mapped and read batch "
+        "by batch). 2 GiB holds about 14,000 images at 3x224x224 or 700,000 at 3x32x32")
     max_header_bytes: int = Field(default=16 * 1024**2, ge=1024)
     max_spec_bytes: int = Field(default=1024**2, ge=1024)
     check_timeout_s: float = Field(

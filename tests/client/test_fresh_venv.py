@@ -106,3 +106,10 @@ def test_fresh_venv_runs_the_client_without_torch(tmp_path: Path, live_service: 
     jobs = run(cli, "jobs", "--json", "--url", live_service.url, *key)
     assert jobs.returncode == 0, jobs.stderr
     assert "items" in json.loads(jobs.stdout)
+
+    # Packing a dataset needs the data extra, and says how to get it (before reading a byte).
+    (tmp_path / "pets" / "cat").mkdir(parents=True)
+    packed = run(cli, "dataset", "pack", tmp_path / "pets", tmp_path / "pets.safetensors")
+    assert packed.returncode == 2, packed.stderr
+    assert "pip install 'stitchsim[data]'" in packed.stderr and "Traceback" not in packed.stderr
+    assert not (tmp_path / "pets.safetensors").exists()

@@ -66,7 +66,15 @@ def test_uploaded_files_round_trip(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("tensors", "message"),
     [
-        ({"train_images": torch.zeros(20, 3, 8, 8, dtype=torch.uint8)}, "lacks train_labels"),
+        ({"train_images": torch.zeros(20, 3, 8, 8, dtype=torch.uint8)}, "lacks test_images"),
+        (
+            {
+                "train_images": torch.zeros(20, 3, 8, 8, dtype=torch.uint8),
+                "train_labels": torch.zeros(20, dtype=torch.int64),
+                "test_images": torch.zeros(20, 3, 8, 8, dtype=torch.uint8),
+            },
+            "lacks test_labels",
+        ),
         (
             {
                 "train_images": torch.zeros(20, 2, 8, 8),
@@ -115,3 +123,57 @@ def test_bad_dataset_files_say_what_to_fix(tmp_path: Path, tensors: dict, messag
 def test_unknown_builtin_lists_the_valid_names(tmp_path: Path) -> None:
     with pytest.raises(Failure, match="digits_marker"):
         load_dataset("mnist", Resources(cache_dir=tmp_path), TrainSettings())
+
+
+def _packed_file(path: Path, labelled: bool = True, **metadata: str) -> torch.Tensor:
+    """A grey uint8 file as `stitchsim dataset pack` writes one; returns its train images."""
+    g = torch.Generator().manual_seed(0)
+    train = torch.randint(0, 256, (40, 1, 6, 6), dtype=torch.uint8, generator=g)
+    tensors = {"train_images": train,
+               "test_images": torch.randint(0, 256, (20, 1, 6, 6), dtype=torch.uint8,
+                                            generator=g)}
+    if labelled:
+        tensors |= {"train_labels": torch.arange(40) % 4, "test_labels": torch.arange(20) % 4}
+    save_file(tensors, str(path), metadata=metadata or None)
+    return train
+
+
+def test_uploaded_uint8_files_are_memory_mapped_and_read_per_batch(tmp_path: Path) -> None:
+    path = tmp_path / "packed.safetensors"
+    train = _packed_file(path, test_split='{"made": true, "fraction": 0.25, "seed": 0, '
+                         '"stratified": true}', source_format="imagefolder")
+    ds = load_dataset(LocalPath(path=str(path)), Resources(cache_dir=tmp_path),
+                      TrainSettings(max_train_samples=16))
+    pixels = ds.train.pixels
+    # Mapped from the file, as far as the job reads: nothing is loaded as float32.
+    assert pixels.on_disk and pixels.stored_bytes == 16 * 36 and len(pixels) == 16
+    batch = pixels[torch.tensor([1, 7])]
+    assert batch.dtype == torch.float32 and batch.shape == (2, 3, 6, 6)  # grey to RGB
+    assert torch.equal(batch[:, 0], train[[1, 7], 0].float() / 255)
+    assert torch.equal(batch[:, 2], batch[:, 0])
+    assert torch.equal(pixels[slice(0, 16)], ds.train.images)
+    described = ds.describe()
+    assert described["test_split"] == ("made from the training split when packed: 25% of it, "
+                                       "stratified by class, seed 0")
+    assert described["image_shape"] == [3, 6, 6] and described["stored_dtype"] == "uint8"
+    assert described["labelled"] is True and described["source_format"] == "imagefolder"
+
+
+def test_an_unlabelled_dataset_is_refused_where_labels_are_needed(tmp_path: Path) -> None:
+    from stitchsim.models import Spec
+    from stitchsim_worker.engine.job.prepare import check_labels, labels_needed
+
+    path = tmp_path / "unlabelled.safetensors"
+    _packed_file(path, labelled=False)
+    ds = load_dataset(LocalPath(path=str(path)), Resources(cache_dir=tmp_path), TrainSettings())
+    assert not ds.labelled and ds.describe()["labelled"] is False
+    assert bool((ds.train.labels == -1).all())
+    spec = Spec.model_validate({"front": {"checkpoint": "a"}, "back": {"checkpoint": "b"},
+                                "objectives": ["hlm", "slm"], "controls": ["clustered_noise"]})
+    needs = labels_needed(spec)
+    assert needs[1:] == ["objective hlm", "control clustered_noise"]
+    assert needs[0].startswith("logits outputs")  # every figure of a classifier, today
+    with pytest.raises(Failure, match="has no labels, and this job needs them for: logits") as e:
+        check_labels(spec, ds)
+    assert e.value.code == "labels_needed"
+    check_labels(spec, builtin("digits"), None)  # labelled data pass

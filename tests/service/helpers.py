@@ -66,8 +66,8 @@ def dataset_bytes(n_train: int = 40, n_test: int = 20, c: int = 3, hw: int = 8,
         "test_images": rng.integers(0, 256, (n_test, c, hw, hw), dtype=np.uint8),
         "test_labels": np.arange(n_test, dtype=np.int64) % n_classes,
     }
-    tensors.update(overrides)
-    return safetensors_bytes(tensors)
+    tensors.update(overrides)  # an override of None leaves the tensor out
+    return safetensors_bytes({k: v for k, v in tensors.items() if v is not None})
 
 
 def torch_zip_bytes() -> bytes:

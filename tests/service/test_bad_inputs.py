@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.service.conftest import tiny_spec, upload
-from tests.service.helpers import dataset_bytes, raw_safetensors, torch_zip_bytes
+from tests.service.helpers import dataset_bytes, raw_safetensors, restamp, torch_zip_bytes
 
 T = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
 
@@ -106,6 +106,11 @@ CASES = [
                                        "/datasets"), 422, "invalid_dataset", "int64"),
     Case("dataset count mismatch", _file(dataset_bytes(test_labels=np.zeros(7, np.int64)),
                                          "/datasets"), 422, "invalid_dataset", "labels"),
+    Case("dataset labels of one split", _file(dataset_bytes(test_labels=None), "/datasets"),
+         422, "invalid_dataset", "lacks test_labels"),
+    Case("dataset with a malformed test-split record", _file(
+        restamp(dataset_bytes(), test_split='{"made": true}'), "/datasets"), 422,
+        "invalid_dataset", "__metadata__['test_split'] must be"),
     Case("unknown arch", _spec(front=lambda env: {"checkpoint": env["front"],
                                                   "arch": "resnet_999"}),
          422, "unknown_arch", "not a timm architecture"),

@@ -126,6 +126,48 @@ def test_dataset_checks() -> None:
         assert what
 
 
+def test_unlabelled_datasets_and_packing_metadata() -> None:
+    # Both label tensors or neither; what `stitchsim dataset pack` records is checked.
+    info = check_dataset(io.BytesIO(dataset_bytes(train_labels=None, test_labels=None)))
+    assert not info.labelled and info.n_classes is None and info.classes is None
+    packed = safetensors_bytes(
+        _tensors(),
+        {"classes": json.dumps([f"c{i}" for i in range(10)]), "source_format": "imagefolder",
+         "test_split": json.dumps({"made": True, "fraction": 0.25, "seed": 3,
+                                   "stratified": True}),
+         "notes": json.dumps(["3 of 60 images resized"])})
+    info = check_dataset(io.BytesIO(packed))
+    assert info.classes == tuple(f"c{i}" for i in range(10))
+    assert info.test_split is not None and info.test_split.describe() == (
+        "made from the training split when packed: 25% of it, stratified by class, seed 3")
+    assert info.notes == ("3 of 60 images resized",) and info.source_format == "imagefolder"
+    refused = {
+        "too few class names": ({"classes": json.dumps(["a", "b"])}, "names 2 classes"),
+        "class names not a list": ({"classes": "{}"}, "JSON list of class names"),
+        "a test split without a seed": ({"test_split": json.dumps({"made": True,
+                                                                   "fraction": 0.2})},
+                                        "test_split"),
+        "notes not strings": ({"notes": "[1]"}, "list of strings"),
+        "not JSON": ({"test_split": "made"}, "not valid JSON"),
+    }
+    for what, (meta, message) in refused.items():
+        with pytest.raises(InvalidDataset, match=message):
+            check_dataset(io.BytesIO(safetensors_bytes(_tensors(), meta)))
+        assert what
+    names = json.dumps(["a"] * 10)
+    unlabelled = {k: v for k, v in _tensors().items() if "labels" not in k}
+    with pytest.raises(InvalidDataset, match="holds no labels"):
+        check_dataset(io.BytesIO(safetensors_bytes(unlabelled, {"classes": names})))
+
+
+def _tensors() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    return {"train_images": rng.integers(0, 256, (40, 3, 8, 8), dtype=np.uint8),
+            "train_labels": np.arange(40, dtype=np.int64) % 10,
+            "test_images": rng.integers(0, 256, (20, 3, 8, 8), dtype=np.uint8),
+            "test_labels": np.arange(20, dtype=np.int64) % 10}
+
+
 def test_header_length_field_is_little_endian_u64() -> None:
     data = safetensors_bytes({"a": np.zeros(2, np.float32)})
     (n,) = struct.unpack("<Q", data[:8])
@@ -142,8 +184,9 @@ def test_one_dataset_rule_set() -> None:
         "an extra tensor": (dataset_bytes(names=np.zeros(10, np.uint8)), "also holds names"),
         "int8 labels": (dataset_bytes(train_labels=np.zeros(40, np.int8)), "integer tensor"),
         "too few samples": (dataset_bytes(n_train=40, n_test=9), "at least 10"),
-        "missing labels": (safetensors_bytes({"train_images": np.zeros((20, 3, 8, 8), np.uint8)}),
-                           "lacks train_labels"),
+        "missing images": (safetensors_bytes({"train_images": np.zeros((20, 3, 8, 8), np.uint8)}),
+                           "lacks test_images"),
+        "labels of one split": (dataset_bytes(test_labels=None), "lacks test_labels"),
     }
     for what, (data, message) in refused.items():
         with pytest.raises(InvalidDataset, match=message):

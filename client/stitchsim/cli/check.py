@@ -7,6 +7,7 @@ import time
 from typing import TextIO
 
 from stitchsim import view
+from stitchsim.cli.dataset import pack_options
 from stitchsim.cli.exits import (
     EXIT_BELOW_THRESHOLD,
     EXIT_PASS,
@@ -46,7 +47,8 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
             fields["threshold"],
         )
         with client_for(settings) as client:
-            job = client.compare(args.reference, args.candidate, spec=fields)
+            job = client.compare(args.reference, args.candidate, spec=fields,
+                                 dataset_options=pack_options(args))
             report = wait_for(job, args, settings, cancel=not args.keep_running)
             write_outputs(job, args)
     except StitchsimError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TextIO
 
+from stitchsim.cli.dataset import pack_options
 from stitchsim.cli.exits import (
     EXIT_PASS,
     log,
@@ -25,7 +26,8 @@ def cmd_compare(args: argparse.Namespace, out: TextIO) -> int:
     settings = settings_from(args)
     fields = spec_fields(args, settings)
     with client_for(settings) as client:
-        job = client.compare(args.front, args.back, spec=fields)
+        job = client.compare(args.front, args.back, spec=fields,
+                             dataset_options=pack_options(args))
         if not args.wait:
             print(job.id, file=out)
             return EXIT_PASS

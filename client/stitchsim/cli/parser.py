@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from stitchsim import __version__, catalogue
+from stitchsim.cli import dataset
 from stitchsim.cli.check import cmd_check
 from stitchsim.cli.jobs import (
     cmd_compare,
@@ -33,7 +34,20 @@ def build_parser() -> argparse.ArgumentParser:
     spec = argparse.ArgumentParser(add_help=False)
     s = spec.add_argument_group("spec (later options override earlier sources)")
     s.add_argument("--spec", metavar="FILE", help="JSON file with spec fields")
-    s.add_argument("--dataset", help="built-in name, dataset id, or a safetensors file to upload")
+    s.add_argument(
+        "--dataset",
+        help="built-in name, dataset id, or a dataset to upload: the service's .safetensors "
+        "file, or a folder/archive/parquet/npz/WebDataset tar, packed first (see `stitchsim "
+        "dataset pack`)",
+    )
+    s.add_argument(
+        "--pack",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="packing option for --dataset (size=64, test_fraction=0.3, unlabelled=true, "
+        "label_column=fine_label, test=PATH ...; as `stitchsim dataset pack` takes them)",
+    )
     s.add_argument(
         "--layers",
         help="'auto', or stitch pairs FRONT:BACK (or NAME for both) separated by commas",
@@ -128,6 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = jobs.add_parser("wait", parents=[common, wait], help="wait for a job and print results")
     q.add_argument("job_id")
     q.set_defaults(func=cmd_jobs_wait)
+
+    dataset.add_parser(sub)
 
     p = sub.add_parser("report", parents=[common], help="fetch a finished job's report")
     p.add_argument("job_id")

@@ -100,3 +100,10 @@ class DatasetInfo(BaseModel):
     image_shape: list[int] | None = None
     n_classes: int | None = None
     description: str = ""
+    labelled: bool = True
+    """False: stored without labels; jobs whose figures need labels refuse it (422)."""
+    test_split: str | None = None
+    """How the test split came to be, when the file says (`stitchsim dataset pack` records
+    it): given by the source, or made from the training split (fraction, seed)."""
+    source_format: str | None = None
+    """The dataset format it was packed from (a catalogue name), when the file says."""

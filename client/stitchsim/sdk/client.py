@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import re
+import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -48,6 +49,7 @@ from stitchsim.models import (
     StoredObject,
     Usage,
 )
+from stitchsim.packing import PackOptions, is_service_file, pack_dataset
 from stitchsim.sdk.job import Job
 from stitchsim.sdk.transport import Transport
 
@@ -152,9 +154,29 @@ class Client:
         """Upload a safetensors checkpoint unless the service already holds the same bytes."""
         return self._upload(StoredObject, "checkpoints", path)
 
-    def upload_dataset(self, path: PathLike) -> DatasetInfo:
-        """Upload a safetensors dataset unless the service already holds the same bytes."""
-        return self._upload(DatasetInfo, "datasets", path)
+    def upload_dataset(
+        self, path: PathLike, options: PackOptions | Mapping[str, Any] | None = None
+    ) -> DatasetInfo:
+        """Upload a dataset unless the service already holds the same bytes.
+
+        `path` is the service's own .safetensors file (sent as it is), or any other source
+        `stitchsim.packing` reads: an ImageFolder directory, zip or tar, a parquet file, an
+        .npz, a WebDataset tar. Those are packed into the service's file first (in a temporary
+        directory; the summary goes to the `stitchsim` logger), with `options` (PackOptions
+        or its fields: size, test, test_fraction, seed, unlabelled, image_column ...). Packing
+        is deterministic, so the same source is stored once however often it is uploaded.
+        Raises DatasetSourceError for a source that cannot be packed, MissingExtra without the
+        client's data extra, before anything is sent.
+        """
+        opts = _pack_options(options)
+        if opts is None and is_service_file(path):
+            return self._upload(DatasetInfo, "datasets", path)
+        with tempfile.TemporaryDirectory(prefix="stitchsim-pack-") as tmp:
+            packed = Path(tmp) / f"{Path(path).name or 'dataset'}.safetensors"
+            summary = pack_dataset(path, packed, opts)
+            for line in summary.lines():
+                log.info("%s", line)
+            return self._upload(DatasetInfo, "datasets", packed)
 
     def checkpoint(self, checkpoint_id: str) -> StoredObject:
         """Metadata of a stored checkpoint; NotFound when this key has no such checkpoint."""
@@ -264,6 +286,7 @@ class Client:
         *,
         spec: Spec | Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        dataset_options: PackOptions | Mapping[str, Any] | None = None,
         **fields: Any,
     ) -> Job:
         """Start a comparison of two models and return its Job at once.
@@ -271,8 +294,10 @@ class Client:
         `front` and `back` are paths to safetensors files (uploaded unless already stored), ids
         ("sha256:…"), or dicts/ModelRefs with a `checkpoint` that is either, plus `arch`,
         `arch_kwargs` etc. `spec` gives a base spec; keyword arguments override its fields
-        (nested ones such as `train={"epochs": 2}` are merged). `dataset` may also be a path.
-        The spec is validated here before any upload, so a bad field costs no transfer.
+        (nested ones such as `train={"epochs": 2}` are merged). `dataset` may also be a path:
+        the service's .safetensors file, or a source to pack first (see `upload_dataset`, which
+        gets `dataset_options`). The spec is validated here before any upload, so a bad field
+        costs no transfer.
         """
         base: dict[str, Any] = {}
         if isinstance(spec, Spec):
@@ -288,6 +313,11 @@ class Client:
         # Validated once, with stand-in ids: no upload for a spec that cannot run. The ids the
         # service gives the uploads then replace the stand-ins; they are ids by construction.
         trial = {**payload, **_dataset_placeholder(payload)}
+        if dataset_options and trial.get("dataset") != _PLACEHOLDER_ID:
+            raise UsageError(
+                f"packing options apply to a dataset uploaded from a file or folder, but "
+                f"dataset is {payload.get('dataset', 'digits')!r} (a built-in name or a stored "
+                "id; or a path that does not exist)")
         for side, ref in refs.items():
             trial[side] = {**ref, "checkpoint": _PLACEHOLDER_ID}
         spec = _validate_spec(trial)
@@ -297,7 +327,7 @@ class Client:
             for side, ref in refs.items()
         }
         if "dataset" in payload:
-            ids["dataset"] = self._dataset_id(payload["dataset"])
+            ids["dataset"] = self._dataset_id(payload["dataset"], dataset_options)
         return self.submit(spec.model_copy(update=ids), idempotency_key=idempotency_key)
 
     def submit(self, spec: Spec | Mapping[str, Any], *, idempotency_key: str | None = None) -> Job:
@@ -346,18 +376,12 @@ class Client:
             )
         return self.upload_checkpoint(checkpoint).id
 
-    def _dataset_id(self, dataset: Any) -> Any:
+    def _dataset_id(self, dataset: Any,
+                    options: PackOptions | Mapping[str, Any] | None = None) -> Any:
         if isinstance(dataset, Mapping) and "path" in dataset:
             dataset = Path(dataset["path"])
-        if isinstance(dataset, os.PathLike):
-            return self.upload_dataset(dataset).id
-        if (
-            isinstance(dataset, str)
-            and dataset not in BUILTIN_DATASETS
-            and not ID_RE.match(dataset)
-            and Path(dataset).is_file()
-        ):
-            return self.upload_dataset(dataset).id
+        if isinstance(dataset, os.PathLike) or _is_local_dataset(dataset):
+            return self.upload_dataset(dataset, options).id
         return dataset
 
 
@@ -376,13 +400,28 @@ def _as_ref_dict(model: ModelLike, base: Any) -> dict[str, Any]:
     return ref
 
 
+def _is_local_dataset(dataset: Any) -> bool:
+    """A string that names a file or folder here (not a built-in name or a stored id)."""
+    return (isinstance(dataset, str) and dataset not in BUILTIN_DATASETS
+            and not ID_RE.match(dataset) and Path(dataset).exists())
+
+
 def _dataset_placeholder(payload: Mapping[str, Any]) -> dict[str, Any]:
     dataset = payload.get("dataset")
-    if isinstance(dataset, os.PathLike | Mapping) or (
-        isinstance(dataset, str) and dataset not in BUILTIN_DATASETS and Path(dataset).is_file()
-    ):
+    if isinstance(dataset, os.PathLike | Mapping) or _is_local_dataset(dataset):
         return {"dataset": _PLACEHOLDER_ID}
     return {}
+
+
+def _pack_options(options: PackOptions | Mapping[str, Any] | None) -> PackOptions | None:
+    if options is None or isinstance(options, PackOptions):
+        return options
+    try:
+        return PackOptions.model_validate(dict(options))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                             for e in exc.errors(include_url=False))
+        raise UsageError(f"dataset options: {problems}") from None
 
 
 def _check_file(path: Path, kind: str) -> None:

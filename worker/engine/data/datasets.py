@@ -1,7 +1,9 @@
 """Datasets: built-in digits and its bias variants, clustered noise, and uploaded files.
 
-Every image set lives in [0,1] RGB pixel space (N, 3, H, W); each model's own preprocessing
-(resize, mean/std) is applied on the way in, so IRIs and markers are in pixel units.
+Every image set is read in [0,1] RGB pixel space (N, 3, H, W); each model's own preprocessing
+(resize, mean/std) is applied on the way in, batch by batch, so IRIs and markers are in pixel
+units. Uploaded files are memory-mapped (data/pixels.py): a job's memory does not grow with
+the file's size.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors import SafetensorError, safe_open
 from stitchsim.datasets import BUILTIN
 from stitchsim.failure import Failure
-from stitchsim.files.dataset import DATASET_TENSORS, check_dataset
+from stitchsim.files.dataset import DatasetFileInfo, check_dataset, read_labels
 from stitchsim.files.errors import SafetensorsError
+from stitchsim.files.header import read_header
 from stitchsim.models import BUILTIN_DATASETS, LocalPath, TrainSettings
+from stitchsim_worker.engine.data.pixels import Pixels
 from stitchsim_worker.engine.data.shapes import make_shapes
 from stitchsim_worker.engine.resources import Resources
 
@@ -40,18 +43,29 @@ CLASS_COLOURS = torch.tensor(
 DESCRIPTIONS = {name: d.description for name, d in BUILTIN.items()}
 
 
+NO_LABEL = -1
+"""The label of every sample of an unlabelled dataset (such a dataset runs only where no
+figure reads labels: job/prepare.py check_labels)."""
+
+
 @dataclass
 class ImageSet:
-    images: torch.Tensor  # float32 (N, 3, H, W) in [0, 1]
-    labels: torch.Tensor  # int64 (N,)
+    pixels: Pixels  # read as float32 (N, 3, H, W) in [0, 1], batch by batch
+    labels: torch.Tensor  # int64 (N,); NO_LABEL throughout when unlabelled
 
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def images(self) -> torch.Tensor:
+        """Every image as one float tensor: free for a built-in set (its own tensor), a full
+        copy for a file; the job reads `pixels` batch by batch instead."""
+        return self.pixels.all()
+
     def subset(self, n: int | None) -> ImageSet:
         if n is None or n >= len(self):
             return self
-        return ImageSet(self.images[:n], self.labels[:n])
+        return ImageSet(self.pixels.head(n), self.labels[:n])
 
 
 @dataclass
@@ -61,20 +75,34 @@ class Dataset:
     train: ImageSet
     test: ImageSet
     n_classes: int
+    labelled: bool = True
+    file: DatasetFileInfo | None = None
+    """What an uploaded file's metadata says of it (how its test split was made ...)."""
 
     @property
     def image_size(self) -> int:
-        return int(self.train.images.shape[-1])
+        return int(self.train.pixels.shape[-1])
 
     def describe(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "id": self.name,
             "n_train": len(self.train),
             "n_test": len(self.test),
             "n_classes": self.n_classes,
-            "image_shape": list(self.train.images.shape[1:]),
+            "image_shape": list(self.train.pixels.shape),
             "description": DESCRIPTIONS.get(self.name, "uploaded dataset"),
+            "labelled": self.labelled,
         }
+        if self.file is not None:
+            out["stored_shape"] = list(self.file.image_shape)
+            out["stored_dtype"] = self.file.image_dtype.lower().replace("u8", "uint8")
+            if self.file.test_split is not None:
+                out["test_split"] = self.file.test_split.describe()
+            if self.file.source_format is not None:
+                out["source_format"] = self.file.source_format
+            if self.file.notes:
+                out["packing_notes"] = list(self.file.notes)
+        return out
 
 
 # ---------------------------------------------------------------- built-ins
@@ -167,52 +195,43 @@ def builtin(name: str) -> Dataset:
     return Dataset(
         name=name,
         digest=f"builtin:{name}:v{GENERATOR_VERSION}",
-        train=ImageSet(images[tr].contiguous(), labels[tr]),
-        test=ImageSet(images[te].contiguous(), labels[te]),
+        train=ImageSet(Pixels(images[tr].contiguous()), labels[tr]),
+        test=ImageSet(Pixels(images[te].contiguous()), labels[te]),
         n_classes=10,
     )
 
 
 # ---------------------------------------------------------------- uploaded files
 
-def _as_pixels(x: torch.Tensor, key: str) -> torch.Tensor:
-    """[0, 1] RGB float pixels. Shapes and dtypes are the validator's (stitchsim.files.dataset);
-    here only what needs the values: floats must lie in [0, 1]."""
-    if x.dtype == torch.uint8:
-        x = x.float() / 255.0
-    else:
-        x = x.float()
-        if not torch.isfinite(x).all():
-            raise Failure("invalid_dataset", f"{key} holds NaN or infinite values")
-        if x.min() < 0 or x.max() > 1:
-            raise Failure("invalid_dataset",
-                          f"float {key} must lie in [0, 1]; scale them or store uint8")
-    return x.expand(-1, 3, -1, -1).contiguous() if x.shape[1] == 1 else x.contiguous()
-
-
-def _as_labels(y: torch.Tensor) -> torch.Tensor:
-    return y.long()
-
 
 def load_file(path: Path, dataset_id: str) -> Dataset:
     """An uploaded (or, in `stitchsim-server run`, local) dataset file, checked by the one
-    dataset validator of the contract before any tensor is read."""
+    dataset validator of the contract, then memory-mapped: nothing of the images is read
+    here."""
     try:
-        info = check_dataset(path)
-        with safe_open(str(path), framework="pt") as f:
-            raw = {k: f.get_tensor(k) for k in DATASET_TENSORS}
+        header = read_header(path)
+        info = check_dataset(path, header)
+        sets = {}
+        for split in ("train", "test"):
+            images = header.tensors[f"{split}_images"]
+            if info.labelled:
+                labels = torch.tensor(read_labels(path, header.tensors[f"{split}_labels"]),
+                                      dtype=torch.int64)
+            else:
+                labels = torch.full((images.shape[0],), NO_LABEL, dtype=torch.int64)
+            sets[split] = ImageSet(Pixels.mapped(path, images), labels)
     except SafetensorsError as e:
         raise Failure("invalid_dataset", f"dataset file: {e.message}", e.details) from None
-    except (SafetensorError, OSError) as e:
+    except (OSError, ValueError) as e:
         raise Failure("invalid_dataset", f"dataset is not a readable safetensors file: {e}") from e
     return Dataset(
         name=dataset_id or path.name,
         digest=dataset_id or f"sha256:{file_sha256(path)}",
-        train=ImageSet(_as_pixels(raw["train_images"], "train_images"),
-                       _as_labels(raw["train_labels"])),
-        test=ImageSet(_as_pixels(raw["test_images"], "test_images"),
-                      _as_labels(raw["test_labels"])),
-        n_classes=info.n_classes,
+        train=sets["train"],
+        test=sets["test"],
+        n_classes=info.n_classes or 0,
+        labelled=info.labelled,
+        file=info,
     )
 
 
@@ -236,7 +255,14 @@ def load_dataset(ref: str | LocalPath, resources: Resources, train: TrainSetting
         train=ds.train.subset(train.max_train_samples),
         test=ds.test.subset(train.max_test_samples),
         n_classes=ds.n_classes,
+        labelled=ds.labelled,
+        file=ds.file,
     )
+    # Float pixels are checked where they are read: only the samples this job uses.
+    for split, images in (("train", limited.train.pixels), ("test", limited.test.pixels)):
+        problem = images.float_problem()
+        if problem is not None:
+            raise Failure("invalid_dataset", f"float {split}_images {problem}")
     return limited
 
 

@@ -62,15 +62,16 @@ class JobContext:
         ctx = cls(spec, prep, device, tracker,
                   BankBuilder(resources.memory_budget_bytes, resources.cache_dir),
                   IRICache(resources.cache_dir))
-        ctx.train_pixels = ctx.bank(prep.data.train.images)
-        ctx.test_pixels = ctx.bank(prep.data.test.images)
+        # The dataset's pixels are banks already (in memory, or mapped from its file).
+        ctx.train_pixels = prep.data.train.pixels
+        ctx.test_pixels = prep.data.test.pixels
         ctx.test_logits = {net.where: ctx._logits(net, ctx.test_pixels)
                            for net in (prep.front, prep.back)}
         ctx.own_pixels = {w: (ctx.train_pixels, ctx.test_pixels) for w in ("front", "back")}
         ctx.own_test_logits = dict(ctx.test_logits)
         if prep.front_data is not None:
             own = prep.front_data
-            ctx.own_pixels["front"] = (ctx.bank(own.train.images), ctx.bank(own.test.images))
+            ctx.own_pixels["front"] = (own.train.pixels, own.test.pixels)
             ctx.own_test_logits["front"] = ctx._logits(prep.front, ctx.own_pixels["front"][1])
         return ctx
 

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 
 import torch
 from stitchsim import catalogue
+from stitchsim.catalogue import CONTROLS, OBJECTIVES, OUTPUT_KINDS, PROTOCOLS
 from stitchsim.failure import Failure
 from stitchsim.models import ModelRef, Spec
 from stitchsim_worker.engine.data.datasets import Dataset, file_sha256, load_dataset
 from stitchsim_worker.engine.errors import JobCancelled
 from stitchsim_worker.engine.models.loading import LoadedModel, build_model
 from stitchsim_worker.engine.models.network import Network, pair_points
-from stitchsim_worker.engine.models.preprocess import measure
+from stitchsim_worker.engine.models.preprocess import MEASURE_SAMPLES, measure
 from stitchsim_worker.engine.resources import CancelFn, Resources
 
 
@@ -49,7 +50,8 @@ def _model(
     model = build_model(ref, path, ckpt_id, where=where, native_size=data.image_size)
     check_classes(model, data, where)
     model.net.to(device)
-    model.choice = measure(model.choice, model.net, data.train.images, data.train.labels, device)
+    head = data.train.subset(MEASURE_SAMPLES)  # read from a file only as far as measured
+    model.choice = measure(model.choice, model.net, head.images, head.labels, device)
     return model, ckpt_id or f"sha256:{file_sha256(path)}"
 
 
@@ -83,6 +85,38 @@ def check_protocols(spec: Spec, data: Dataset, front_data: Dataset | None) -> No
         raise Failure("invalid_spec",
                       f"class_pairing lists {len(spec.class_pairing)} classes; both datasets "
                       f"have {data.n_classes}")
+
+
+_OUTPUT_KIND = OUTPUT_KINDS.entries[0]
+"""How every model's output is read until a spec names an output kind per model."""
+
+
+def labels_needed(spec: Spec) -> list[str]:
+    """What in this spec reads class labels, by the catalogue's flags: the one place that
+    decides whether an unlabelled dataset can run."""
+    needs = []
+    if _OUTPUT_KIND.needs_labels:
+        needs.append(f"{_OUTPUT_KIND.label} outputs (their accuracy, stitching penalty and "
+                     "error consistency)")
+    needs += [f"objective {n}" for n in spec.objectives if OBJECTIVES[n].needs_labels]
+    needs += [f"protocol {n}" for n in spec.protocols if PROTOCOLS[n].needs_labels]
+    needs += [f"control {n}" for n in spec.controls if CONTROLS[n].needs_labels]
+    return needs
+
+
+def check_labels(spec: Spec, *datasets: Dataset | None) -> None:
+    """Unlabelled data run where no figure needs labels; elsewhere a 422 naming what does."""
+    for data in datasets:
+        if data is None or data.labelled:
+            continue
+        needs = labels_needed(spec)
+        if needs:
+            raise Failure(
+                "labels_needed",
+                f"dataset {data.name} has no labels, and this job needs them for: "
+                f"{'; '.join(needs)}; upload it with labels (class folders, a label column or "
+                "array), or pick a job that reads none",
+                {"dataset": data.name, "needed_by": needs})
 
 
 def check_classes(model: LoadedModel, data: Dataset, where: str) -> None:
@@ -124,6 +158,7 @@ def prepare(
     if spec.front_dataset is not None:
         front_data = load_dataset(spec.front_dataset, resources, spec.train)
     check_protocols(spec, data, front_data)
+    check_labels(spec, data, front_data)
     own = {"front": front_data or data, "back": data}
     networks, ids = {}, {}
     for where in ("front", "back"):

@@ -138,9 +138,11 @@ def _shortcut(ctx: JobContext, direction: Direction) -> list[ResultRow]:
         cue = CUES[name]
         seed = ctx.spec.train.seed + _CUE_SEED_OFFSET
         g = torch.Generator().manual_seed(seed)
+        # Marked copies of the splits the job uses (their size, not the file's).
         train_x = cue.mark(data.train.images, data.train.labels, k, side, g)
-        right_x = cue.mark(data.test.images, data.test.labels, k, side, g)
-        rolled_x = cue.mark(data.test.images, (data.test.labels + 1) % k, k, side, g)
+        test_x = data.test.images
+        right_x = cue.mark(test_x, data.test.labels, k, side, g)
+        rolled_x = cue.mark(test_x, (data.test.labels + 1) % k, k, side, g)
         inputs = InputSet(ctx.bank(train_x), data.train.labels,
                           f"{data.digest}|cue:{name}:{side}:{seed}")
         for cut in ctx.cuts(direction):

@@ -36,7 +36,7 @@ def _paired(ctx: JobContext, cut: Cut, split_name: str) -> tuple[torch.Tensor, B
         where = (labels == c).nonzero().flatten()
         partner[where] = pool[torch.randint(0, len(pool), (len(where),), generator=g)]
     pixels = ctx.own_pixels[cut.f.where][0 if split_name == "train" else 1]
-    return labels, pixels, ctx.bank(theirs.images[partner])
+    return labels, pixels, ctx.bank(theirs.pixels[partner])
 
 
 def _one_hot_logits(ctx: JobContext, labels: torch.Tensor, k: int) -> Bank:

@@ -1,0 +1,93 @@
+"""NumPy .npz: named arrays of images and labels, loaded with allow_pickle=False (an object
+array, which needs a pickle, is refused) after the zip inside passed the archive checks.
+
+Accepted names, first match wins (labels unless unlabelled; the test pair is optional, the
+test split is made from train without it):
+
+    x_train, y_train, x_test, y_test              (Keras' datasets)
+    train_images, train_labels, test_images, test_labels
+    images, labels                                (one split)
+    x, y                                          (one split)
+
+Images are N x H x W, N x H x W x C or N x C x H x W (C = 1 or 3; a fourth channel is
+dropped), uint8 or floats in [0, 1]; labels 1-D integers (N x 1 and one-hot rows are read
+too). The arrays are held in memory while packing (npz members cannot be memory-mapped).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from stitchsim.errors import DatasetSourceError
+from stitchsim.packing.archives import ZipTree
+from stitchsim.packing.formats.arrays import images_hwc, labels_1d
+from stitchsim.packing.options import PackOptions
+from stitchsim.packing.records import Found, Record, Stream
+
+NAME = "npz"
+SCHEMES = (
+    ("x_train", "y_train", "x_test", "y_test"),
+    ("train_images", "train_labels", "test_images", "test_labels"),
+    ("images", "labels", None, None),
+    ("x", "y", None, None),
+)
+
+
+def accepted_names() -> str:
+    return "; ".join("/".join(n for n in scheme if n) for scheme in SCHEMES)
+
+
+def read(path: Path, options: PackOptions) -> Found:
+    ZipTree(path).files()  # paths, links and bombs checked before numpy unpacks anything
+    try:
+        npz = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise DatasetSourceError(f"{path}: not a readable .npz file ({exc})") from None
+    with npz:
+        names = set(npz.files)
+        scheme = next((s for s in SCHEMES if s[0] in names), None)
+        if scheme is None:
+            raise DatasetSourceError(
+                f"{path}: holds arrays {', '.join(sorted(names)) or '(none)'}; the accepted "
+                f"names are {accepted_names()}")
+        x_train, y_train, x_test, y_test = scheme
+        notes: list[str] = []
+        splits = {}
+        for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+            if x is None or x not in names:
+                continue
+            images = _load(npz, path, x)
+            images = images_hwc(path, x, images, notes)
+            labels: list[int | None] = [None] * len(images)
+            if not options.unlabelled:
+                if y is None or y not in names:
+                    raise DatasetSourceError(
+                        f"{path}: {x} has no labels beside it ({y}); add them, or pack the "
+                        "images without labels (--unlabelled)")
+                labels = list(labels_1d(path, y, _load(npz, path, y), len(images), notes))
+            splits[split] = Stream(f"{path}:{x}", _scanner(x, images, labels))
+        unused = sorted(names - set(scheme))
+        if unused:
+            notes.append(f"arrays not read: {', '.join(unused)}")
+    return Found(NAME, path, splits, labelled=not options.unlabelled, notes=notes)
+
+
+def _load(npz: np.lib.npyio.NpzFile, path: Path, name: str) -> np.ndarray:
+    try:
+        return np.asarray(npz[name])
+    except ValueError as exc:  # an object array: it would need a pickle
+        raise DatasetSourceError(f"{path}: array {name} cannot be read without running a "
+                                 f"pickle ({exc}); save plain numeric arrays") from None
+
+
+def _scanner(name: str, images: np.ndarray, labels: list[int | None]
+             ) -> Callable[[], Iterator[Record]]:
+    def scan() -> Iterator[Record]:
+        for i in range(len(images)):
+            yield Record(f"{name}[{i}]", labels[i], images[i])
+
+    return scan
