@@ -19,6 +19,7 @@ from stitchsim.models.report import (
     RobustStats,
     Summary,
     SummaryRow,
+    UnstitchedRow,
 )
 from stitchsim.models.resources import (
     DatasetInfo,
@@ -97,6 +98,7 @@ __all__ = [
     "IRIStats",
     "RobustStats",
     "ResultRow",
+    "UnstitchedRow",
     "PreprocessCandidate",
     "PreprocessInfo",
     "ModelSummary",

@@ -121,6 +121,9 @@ def make_row(ctx: JobContext, cut: Cut, objective: Objective, protocol: Protocol
         stitching_penalty=back_accuracy - values["accuracy"],
         error_consistency=values["error_consistency"],
         error_consistency_ci=ci["error_consistency"],
+        correct_agreement=values["correct_agreement"],
+        correct_agreement_ci=ci["correct_agreement"],
+        soft_kappa=values["soft_kappa"], soft_kappa_ci=ci["soft_kappa"],
         train_loss=result.loss, seconds=result.seconds, stitch=result.stitch, **extra,
     )
 
