@@ -133,6 +133,13 @@ class MeasureInputEntry(Entry):
 
 
 @dataclass(frozen=True)
+class ReferenceEntry(Entry):
+    """A reference figure drawn on plots beside the series (not a name a user writes)."""
+
+    style: PlotStyle = PlotStyle(BLACK)
+
+
+@dataclass(frozen=True)
 class ModelSourceEntry(Entry):
     prefix: str = ""
     """How an `arch` names it: `prefix:NAME` (empty: a plain name)."""
@@ -337,6 +344,14 @@ ROW_FIGURES: Kind[Entry] = Kind("row figure", (
           "against a b + (1 - a)(1 - b) / (K - 1), a and b the models' mean softmax probability "
           "of the true class (the paper's soft_k_consistency)", short="soft kappa"),
 ))
+
+UNSTITCHED = ReferenceEntry(
+    "unstitched_agreement", "no stitch (whole models)", "the model in front position against "
+    "the model the stitched network ends in, whole and unstitched, on the same test split: "
+    "the endpoint every agreement curve is read against (the invariance-aware paper's plots "
+    "end in it)", short="no stitch", style=PlotStyle(BLACK, ":", "X"))
+"""The agreement plots' endpoint: drawn at the deep end of every agreement panel, in the
+paper's style (a black X, a dotted line)."""
 
 MEASURE_INPUTS: Kind[MeasureInputEntry] = Kind("measure input", (
     MeasureInputEntry("real", "real inputs", "the test split's images",
