@@ -119,8 +119,8 @@ def measures_plot(report: Report, direction: Direction) -> Plot | None:
         fig.supxlabel("stitch point: from layer → into layer (shallow to deep)")
         fig.suptitle(f"Measures beside agreement, {view.direction_title(report, direction)}")
         handles = _legend(report)
-        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), LEGEND_COLUMNS),
-                   frameon=False)
+        fig.legend(handles=handles, loc="outside lower center",
+                   ncols=min(len(handles), LEGEND_COLUMNS), frameon=False)
         return fig
 
     title = f"Similarity measures and agreement versus depth, {DIRECTION_LABEL[direction]}"

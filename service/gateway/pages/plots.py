@@ -348,8 +348,8 @@ def agreement_plot(report: Report, direction: Direction) -> Plot:
             axes[k // cols][k % cols].set_visible(False)
         fig.suptitle(view.direction_title(report, direction))
         handles = _legend_handles(report)
-        fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), LEGEND_COLUMNS),
-                   frameon=False)
+        fig.legend(handles=handles, loc="outside lower center",
+                   ncols=min(len(handles), LEGEND_COLUMNS), frameon=False)
         return fig
 
     title = f"Agreement versus depth, {DIRECTION_LABEL[direction]}"
