@@ -264,7 +264,9 @@ OBJECTIVES: Kind[ObjectiveEntry] = Kind("objective", (
         style=PlotStyle(GREEN, "-.", "D"), closed_form=True),
     ObjectiveEntry(
         "fula", "functional latent alignment (fula)", "mean relative distance to the back "
-        "model's tensors at the stitch point and every later block", short="fula",
+        "model's tensors at the stitch point and every later block output up to the last "
+        "block, as the invariance-aware paper's FuLA (fula.points: stages for stage outputs "
+        "only)", short="fula",
         style=PlotStyle(PURPLE, ":", "^"), aligns_later_points=True),
 ))
 
