@@ -73,7 +73,7 @@ def read_plot(svg: str) -> Drawn:
                   if ": " in t[0] else ENDPOINT for px, t in _ticks(panel, "x")}
         for series in panel.iter(f"{SVG}g"):
             gid = series.get("id", "")
-            if gid.startswith("endpoint-unstitched-"):
+            if gid.startswith("series-unstitched-"):
                 (marker,) = [(float(u.get("x", "nan")), float(u.get("y", "nan")))
                              for u in series.iter(f"{SVG}use")]
                 drawn[gid] = {points[round(marker[0], 3)]: value(marker[1])}
@@ -106,7 +106,7 @@ def expected(report: dict[str, Any], direction: str) -> Drawn:
             continue
         for objective in {row["objective"] for row in report["results"]
                           if row["direction"] == direction}:
-            out[f"endpoint-unstitched-{direction}-{objective}"] = {ENDPOINT: end["agreement"]}
+            out[f"series-unstitched-{direction}-{objective}"] = {ENDPOINT: end["agreement"]}
     return out
 
 
@@ -137,9 +137,9 @@ def test_sample_report_plots_draw_its_figures() -> None:
     # value, and named in the legend, the plot's description and its table.
     drawn = {gid: v for d in ("front_to_back", "back_to_front")
              for gid, v in read_plot(agreement_svgs(page)[f"plot-agreement-{d}"]).items()
-             if gid.startswith("endpoint-")}
+             if gid.startswith("series-unstitched-")}
     assert len(drawn) == 4
-    assert drawn["endpoint-unstitched-back_to_front-fula"][ENDPOINT] == pytest.approx(
+    assert drawn["series-unstitched-back_to_front-fula"][ENDPOINT] == pytest.approx(
         0.5187, abs=TOLERANCE)
     assert "no stitch (whole models)" in page and "Endpoint, no stitch" in page
     assert 'id="unstitched-table"' in page

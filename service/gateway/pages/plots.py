@@ -161,7 +161,7 @@ def draw_endpoint(ax: Axes, report: Report, direction: Direction, n_points: int,
                     f"ci-unstitched-{tag}")
     (marker,) = ax.plot([n_points], [found.agreement], color=style["color"],
                         marker=style["marker"], markersize=8, linestyle="none", zorder=4)
-    gid = f"endpoint-unstitched-{tag}"
+    gid = f"series-unstitched-{tag}"
     marker.set_gid(gid)
     return gid
 
