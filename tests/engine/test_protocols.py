@@ -11,22 +11,36 @@ from stitchsim_worker.engine.models.robust import make_robust_checkpoint
 from stitchsim_worker.engine.models.zoo import make_checkpoint
 
 from tests.engine.jobs import FAST_IA, FAST_IRI, layers, rows, run, spec
+from tests.fixtures_models import ROBUST_CODE, TRAINING_CODE, cached_model
 
 QUICK = {"epochs": 4, "max_train_samples": 400, "max_test_samples": 300}
 
 
 @pytest.fixture(scope="module")
 def robust_front(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Trained once and cached across runs (tests/fixtures_models.py), as the fixture models.
     path = tmp_path_factory.mktemp("robust") / "robust.safetensors"
-    clean, robust = make_robust_checkpoint(path, "test_resnet", "digits_digit_only", seed=2)
-    assert clean >= 0.95 and robust >= 0.85, (clean, robust)  # PGD-10 at 8/255
+
+    def build(to: Path) -> dict[str, float]:
+        clean, robust = make_robust_checkpoint(to, "test_resnet", "digits_digit_only", seed=2)
+        return {"clean": clean, "robust": robust}
+
+    settings = {"arch": "test_resnet", "dataset": "digits_digit_only", "seed": 2}
+    info = cached_model("robust_resnet", settings, ROBUST_CODE, build, path)
+    assert info["clean"] >= 0.95 and info["robust"] >= 0.85, info  # PGD-10 at 8/255
     return path
 
 
 @pytest.fixture(scope="module")
 def shapes_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("shapes") / "shapes.safetensors"
-    assert make_checkpoint(path, "test_resnet", "shapes", epochs=4, lr=0.01) >= 0.9
+
+    def build(to: Path) -> dict[str, float]:
+        return {"test_accuracy": make_checkpoint(to, "test_resnet", "shapes", epochs=4, lr=0.01)}
+
+    settings = {"arch": "test_resnet", "dataset": "shapes", "epochs": 4, "lr": 0.01}
+    assert cached_model("shapes_resnet", settings, TRAINING_CODE, build, path)[
+        "test_accuracy"] >= 0.9
     return path
 
 
