@@ -48,8 +48,8 @@ OBJECTIVES = ["hlm", "slm", "dm", "fula"]
 PROTOCOLS = ["standard", "invariance_aware"]
 BAR = 0.99
 # Trained objectives start from the identity (least squares) and take one Adam step on 48
-# samples; they must stay near it. Measured: >= 0.99 everywhere but mobilenetv3's inner point.
-TRAINED_BAR = 0.97
+# samples; they must stay near it (measured: 0.993 at the least, regnet's fula at s3.b2).
+TRAINED_BAR = 0.98
 # Explicit, so the figures do not depend on the defaults: a short constant-step synthesis, no
 # convergence-driven rounds, every sample every step.
 IRI = {"steps": 10, "step_size": 4 / 255, "schedule": "constant", "momentum": 0.0,
@@ -304,10 +304,10 @@ def test_iris_are_other_images_with_the_same_features(zoo: Zoo, name: str, point
             found.append((per_sample_distance(front(iris), target).median(),
                           (iris - x).abs().flatten(1).mean(1).median()))
     assert len(found) == len(FAMILIES[name].points), found
-    # The entry made for this point is the one closest in its features: at least a tenth
-    # closer than uniform noise, the start of every IRI (measured: ...).
+    # The entry made for this point is the one closest in its features: much closer than
+    # uniform noise, the start of every IRI (measured: 0.06-0.34 of the noise's distance).
     feature_d, pixel_d = min(found)
-    assert feature_d <= 0.9 * noise, (name, point, float(feature_d), float(noise))
+    assert feature_d <= 0.6 * noise, (name, point, float(feature_d), float(noise))
     # ... and not the images themselves: a uniform-noise start is 1/3 from x per pixel on
     # average; ten steps of 4/255 move a pixel by 0.16 at most.
     assert pixel_d >= 0.2, (name, point, float(pixel_d))
