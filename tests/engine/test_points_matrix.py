@@ -48,7 +48,8 @@ OBJECTIVES = ["hlm", "slm", "dm", "fula"]
 PROTOCOLS = ["standard", "invariance_aware"]
 BAR = 0.99
 # Trained objectives start from the identity (least squares) and take one Adam step on 48
-# samples; they must stay near it (measured: 0.993 at the least, regnet's fula at s3.b2).
+# samples; they must stay near it (measured: 0.9895 at the least, vit-reg's hlm at
+# blocks.1.mlp.fc1).
 TRAINED_BAR = 0.98
 # Explicit, so the figures do not depend on the defaults: a short constant-step synthesis, no
 # convergence-driven rounds, every sample every step.
@@ -305,7 +306,7 @@ def test_iris_are_other_images_with_the_same_features(zoo: Zoo, name: str, point
                           (iris - x).abs().flatten(1).mean(1).median()))
     assert len(found) == len(FAMILIES[name].points), found
     # The entry made for this point is the one closest in its features: much closer than
-    # uniform noise, the start of every IRI (measured: 0.06-0.34 of the noise's distance).
+    # uniform noise, the start of every IRI (measured: 0.06-0.54 of the noise's distance).
     feature_d, pixel_d = min(found)
     assert feature_d <= 0.6 * noise, (name, point, float(feature_d), float(noise))
     # ... and not the images themselves: a uniform-noise start is 1/3 from x per pixel on
