@@ -66,7 +66,9 @@ def test_iris_converge_and_are_reused_from_the_cache(ckpts, tmp_path: Path) -> N
     assert stats is not None and not stats.cache_hit
     assert stats.n == 200
     assert stats.median < 0.4 * stats.start_median
-    assert stats.median <= stats.p90 <= stats.max
+    # Nine IRIs in ten end closer than the typical noise start (median <= p90 <= max holds by
+    # definition and says nothing).
+    assert stats.p90 < stats.start_median, stats
     assert stats.converged_below == s.iri.converged_below
     assert stats.steps == s.iri.max_steps and 1 <= stats.steps_used <= stats.steps
 

@@ -11,22 +11,36 @@ from stitchsim_worker.engine.models.robust import make_robust_checkpoint
 from stitchsim_worker.engine.models.zoo import make_checkpoint
 
 from tests.engine.jobs import FAST_IA, FAST_IRI, layers, rows, run, spec
+from tests.fixtures_models import ROBUST_CODE, TRAINING_CODE, cached_model
 
 QUICK = {"epochs": 4, "max_train_samples": 400, "max_test_samples": 300}
 
 
 @pytest.fixture(scope="module")
 def robust_front(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Trained once and cached across runs (tests/fixtures_models.py), as the fixture models.
     path = tmp_path_factory.mktemp("robust") / "robust.safetensors"
-    clean, robust = make_robust_checkpoint(path, "test_resnet", "digits_digit_only", seed=2)
-    assert clean >= 0.95 and robust >= 0.85, (clean, robust)  # PGD-10 at 8/255
+
+    def build(to: Path) -> dict[str, float]:
+        clean, robust = make_robust_checkpoint(to, "test_resnet", "digits_digit_only", seed=2)
+        return {"clean": clean, "robust": robust}
+
+    settings = {"arch": "test_resnet", "dataset": "digits_digit_only", "seed": 2}
+    info = cached_model("robust_resnet", settings, ROBUST_CODE, build, path)
+    assert info["clean"] >= 0.95 and info["robust"] >= 0.85, info  # PGD-10 at 8/255
     return path
 
 
 @pytest.fixture(scope="module")
 def shapes_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("shapes") / "shapes.safetensors"
-    assert make_checkpoint(path, "test_resnet", "shapes", epochs=4, lr=0.01) >= 0.9
+
+    def build(to: Path) -> dict[str, float]:
+        return {"test_accuracy": make_checkpoint(to, "test_resnet", "shapes", epochs=4, lr=0.01)}
+
+    settings = {"arch": "test_resnet", "dataset": "shapes", "epochs": 4, "lr": 0.01}
+    assert cached_model("shapes_resnet", settings, TRAINING_CODE, build, path)[
+        "test_accuracy"] >= 0.9
     return path
 
 
@@ -85,5 +99,14 @@ def test_cross_task_pairing_reaches_far_above_chance_beside_the_noise_floor(
     assert row.accuracy >= 0.8  # shapes drive the digits head; chance is 0.1
     floor = rows(report, control="clustered_noise")  # added by the protocol itself
     assert floor and max(f.accuracy for f in floor) >= 0.5  # and so do class-clustered noise
+    # Against its floor: on accuracy the pairing cannot beat it here, both are saturated
+    # (measured: 1.000 for the row and for the floor at sigma 0.1 and 0.3, intervals (1, 1)):
+    # at layer4 class-clustered noise is as separable as the shapes model's features, which
+    # is the paper's warning, and the notes say so. It must not fall below the floor, and on
+    # agreement with the back model's soft outputs it stays above it (measured: 0.995 against
+    # 0.983 at sigma 0.1 and 0.980 at sigma 0.3).
+    assert all(row.accuracy >= f.accuracy for f in floor), (row.accuracy, floor)
+    top = max(f.agreement for f in floor)
+    assert row.agreement - top >= 0.005, (row.agreement, [(f.sigma, f.agreement) for f in floor])
     assert report.front.accuracy >= 0.9  # the front model scored on its own task
     assert any("not that they mean the same" in n for n in report.notes)
