@@ -70,7 +70,8 @@ def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
     try:
         checked = check_spec(spec, resources=make_resources(ctx))
     except Failure as failure:
-        return {"failure": _carried(_with_estimate(ctx, failure)).as_dict()}
+        failure = _with_points_route(_with_estimate(ctx, failure), spec)
+        return {"failure": _carried(failure).as_dict()}
     except MemoryError:
         # The check's own address-space limit (STITCHSIM_CHECK_MEMORY_BYTES) stopped it: the
         # spec asks for more than the estimates caught, and far more than a job may use.
@@ -80,6 +81,49 @@ def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
             f"({limit:,} bytes, STITCHSIM_CHECK_MEMORY_BYTES); use smaller models, inputs or "
             "datasets", {"check_memory_bytes": limit}).as_dict()}
     return {"estimate": estimate_of(ctx, checked.units, checked.expected_units)}
+
+
+POINT_CODES = ("unknown_layer", "unstitchable_point")
+
+
+def _with_points_route(failure: Failure, spec: Spec) -> Failure:
+    """A point the model does not have, with the route that lists the model's points (the
+    engine knows no HTTP: it names the CLI, the service names its own route)."""
+    details = failure.details
+    if failure.code not in POINT_CODES or not isinstance(details, dict):
+        return failure
+    side = details.get("side")
+    ref = getattr(spec, side).checkpoint if side in ("front", "back") else None
+    if not isinstance(ref, str):
+        return failure
+    route = f"/checkpoints/{ref}/points"
+    return Failure(failure.code, f"{failure.message}; GET {route} lists every stitch point "
+                   f"of the {side} model with its shape", {**details, "points_route": route})
+
+
+def stitch_points_doc(ctx: Context, checkpoint_id: str, ref: dict[str, Any]) -> dict[str, Any]:
+    """GET /checkpoints/{id}/points, on a check worker: {"points": StitchPoints as a dict}, or
+    {"failure": ...} as check_spec_doc answers. `ref` holds the ModelRef fields the caller set
+    (arch, arch_kwargs, input_size)."""
+    from stitchsim.models import ModelRef
+    from stitchsim_worker.engine.models.points import checkpoint_points
+
+    try:
+        model_ref = ModelRef.model_validate({**ref, "checkpoint": checkpoint_id})
+        path, _ = make_resources(ctx).checkpoint(checkpoint_id)
+        listing = checkpoint_points(model_ref, path)
+    except Failure as failure:
+        return {"failure": _carried(failure).as_dict()}
+    except MemoryError:
+        return {"failure": Failure(
+            "job_too_large", "listing this model's stitch points ran out of the spec check's "
+            "memory limit (STITCHSIM_CHECK_MEMORY_BYTES); use a smaller model or input_size",
+            {"check_memory_bytes": ctx.settings.check_memory_bytes}).as_dict()}
+    except Exception as exc:  # a bug of ours, answered as one rather than as a busy checker
+        log.exception("listing the stitch points of %s failed", checkpoint_id)
+        return {"failure": Failure("internal", "listing the stitch points failed: "
+                                   f"{type(exc).__name__}: {exc}").as_dict()}
+    return {"points": {"checkpoint": checkpoint_id, **listing}}
 
 
 def _with_estimate(ctx: Context, failure: Failure) -> Failure:

@@ -29,6 +29,8 @@ from stitchsim.models.resources import (
     JobList,
     JobStatus,
     Progress,
+    StitchPoint,
+    StitchPoints,
     StoredObject,
     Usage,
 )
@@ -117,4 +119,6 @@ __all__ = [
     "StoredObject",
     "Usage",
     "DatasetInfo",
+    "StitchPoint",
+    "StitchPoints",
 ]
