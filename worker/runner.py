@@ -20,7 +20,9 @@ from stitchsim_service.core.store import StoreError, object_key, report_key
 log = logging.getLogger("stitchsim.worker")
 
 
-def make_resources(ctx: Context) -> Any:
+def make_resources(ctx: Context, *, calibrated: bool = False) -> Any:
+    """The engine's Resources for this service; `calibrated`: with the job workers' device
+    calibration (the spec check prices the job with it)."""
     from stitchsim_worker.engine import Resources
 
     cache = ctx.settings.resolved_cache_dir
@@ -39,7 +41,26 @@ def make_resources(ctx: Context) -> Any:
                      dataset_path=resolve("datasets"), allow_local_paths=False,
                      max_model_params=ctx.settings.max_model_params,
                      max_job_units=ctx.settings.max_job_units,
+                     calibration=job_workers_calibration(ctx) if calibrated else None,
                      max_activation_bytes=ctx.settings.max_activation_bytes)
+
+
+def job_workers_calibration(ctx: Context) -> Any:
+    """The slowest calibration live job workers announced: a job may land on any of them.
+    None when calibration is off or none announced one yet (the flat settings apply)."""
+    if ctx.settings.calibration == "off":
+        return None
+    from stitchsim_service.core.queue import GPU_QUEUE
+    from stitchsim_service.core.workers import calibrations
+    from stitchsim_worker.engine.calibration import Calibration, slowest
+
+    found = []
+    for doc in calibrations(ctx, GPU_QUEUE):
+        try:
+            found.append(Calibration.from_dict(doc))
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("a job worker's calibration is unreadable (%s): %.200s", exc, doc)
+    return slowest(found)
 
 
 def _jsonable(value: Any) -> Any:
@@ -55,10 +76,12 @@ def _carried(failure: Failure) -> Failure:
     return Failure(failure.code, failure.message, _jsonable(failure.details))
 
 
-def estimate_of(ctx: Context, units: int, expected: int) -> dict[str, Any]:
+def estimate_of(ctx: Context, units: int, expected: int,
+                seconds_per_unit: float | None = None) -> dict[str, Any]:
     """A job's estimate as the contract's Estimate: its units (the budget, IRIs at their cap),
-    and the seconds its expected units take at the calibrated rate."""
-    return {"units": units, "seconds": round(expected * ctx.settings.seconds_per_unit, 1)}
+    and the seconds its expected units take at the calibrated rate (else the settings')."""
+    spu = seconds_per_unit or ctx.settings.seconds_per_unit
+    return {"units": units, "seconds": round(expected * spu, 1)}
 
 
 def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +91,7 @@ def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
 
     spec = Spec.model_validate(spec_doc)
     try:
-        checked = check_spec(spec, resources=make_resources(ctx))
+        checked = check_spec(spec, resources=make_resources(ctx, calibrated=True))
     except Failure as failure:
         failure = _with_points_route(_with_estimate(ctx, failure), spec)
         return {"failure": _carried(failure).as_dict()}
@@ -80,7 +103,8 @@ def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
             "job_too_large", "checking this spec ran out of the spec check's memory limit "
             f"({limit:,} bytes, STITCHSIM_CHECK_MEMORY_BYTES); use smaller models, inputs or "
             "datasets", {"check_memory_bytes": limit}).as_dict()}
-    return {"estimate": estimate_of(ctx, checked.units, checked.expected_units)}
+    return {"estimate": estimate_of(ctx, checked.units, checked.expected_units,
+                                    checked.seconds_per_unit)}
 
 
 POINT_CODES = ("unknown_layer", "unstitchable_point")
@@ -131,11 +155,12 @@ def _with_estimate(ctx: Context, failure: Failure) -> Failure:
     details = failure.details
     if failure.code != "job_too_large" or not isinstance(details, dict) or "units" not in details:
         return failure
+    spu = details.get("seconds_per_unit") or ctx.settings.seconds_per_unit
     est = estimate_of(ctx, int(details["units"]),
-                      int(details.get("expected_units", details["units"])))
+                      int(details.get("expected_units", details["units"])), spu)
     return Failure(failure.code,
                    f"{failure.message} (estimate: about {est['seconds']:,.0f} s of worker time, "
-                   f"at {ctx.settings.seconds_per_unit:g} s a unit)",
+                   f"at {spu:.3g} s a unit)",
                    {**details, "estimate": est})
 
 

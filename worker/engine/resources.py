@@ -8,6 +8,7 @@ from pathlib import Path
 
 from stitchsim.failure import Failure
 from stitchsim.models import LocalPath
+from stitchsim_worker.engine.calibration import Calibration
 
 ProgressFn = Callable[[str, int, int, float | None], None]
 """progress(stage, done, total, eta_s): called as long stages advance; eta_s is the engine's
@@ -35,9 +36,23 @@ class Resources:
     max_model_params: int | None = None
     """Parameters a model may have (None: no limit, as in `stitchsim-server run`)."""
     max_job_units: int | None = None
-    """Work units (plan.py) a job may take (None: no limit)."""
+    """Work units (plan.py) a job may take (None: no limit); with a calibration, the units it
+    may take on the reference device (calibration.REFERENCE_SECONDS_PER_UNIT), scaled to the
+    calibrated device at the job's input size."""
+    calibration: Calibration | None = None
+    """How fast the job workers do a unit, by input size (None: not calibrated)."""
     max_activation_bytes: int | None = None
     """One batch's activation at a model's largest module output (None: no limit)."""
+
+    def job_budget(self, input_size: int) -> tuple[int | None, float | None]:
+        """The unit limit of a job at this input side, and the seconds a unit takes there
+        (None where not calibrated)."""
+        if self.calibration is None:
+            return self.max_job_units, None
+        spu = self.calibration.seconds_per_unit(input_size)
+        if self.max_job_units is None:
+            return None, spu
+        return self.calibration.job_limit(self.max_job_units, input_size), spu
 
     def checkpoint(self, ref: str | LocalPath) -> tuple[Path, str]:
         """Local file and the content id it is reported under."""
