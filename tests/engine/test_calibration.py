@@ -16,7 +16,7 @@ from stitchsim.models import Spec
 
 GPU_CLASS = "32:0.002,224:0.0002"
 """A GPU's figures as a stand-in: 20x the reference's speed on 32 px batches, 200x at 224 px
-(an H200 measured more: docs/deploy.md)."""
+(not measured: this machine has no GPU; `stitchsim-server calibrate` on one prints its own)."""
 CPU_CLASS = "0.04"
 """The reference device's figure (2 CPU cores), at every size."""
 DEFAULT_LIMIT = 1_000_000  # STITCHSIM_MAX_JOB_UNITS's default
