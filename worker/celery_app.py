@@ -153,6 +153,13 @@ def _calibrate() -> None:
     a child process: the worker's parent never imports torch nor initialises CUDA. The worker
     is ready before it is calibrated; until then the spec check prices its jobs as
     STITCHSIM_SECONDS_PER_UNIT says."""
+    figures = get_settings().calibration
+    if figures != "probe":  # stand-in figures: read here, nothing to measure
+        from stitchsim_worker.calibration import parse_stand_in
+
+        _presence.calibration = json.dumps(parse_stand_in(figures).as_dict(), sort_keys=True)
+        log.info("device calibration (stand-in): %s", _presence.calibration)
+        return
     cmd = [sys.executable, "-m", "stitchsim_worker.cli", "calibrate", "--json"]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=CALIBRATE_TIMEOUT_S,

@@ -162,12 +162,14 @@ CALIBRATION_SIZES = (32, 64, 128, 224, 384)
 
 def calibrate_command(args: argparse.Namespace) -> int:
     from stitchsim_service.core.settings import get_settings
-    from stitchsim_worker.engine.calibration import calibrate, parse_stand_in
+    from stitchsim_worker.calibration import parse_stand_in
 
     settings = get_settings()
     if settings.calibration == "off":
         cal = None
     elif settings.calibration == "probe":
+        from stitchsim_worker.engine.calibration import calibrate
+
         cal = calibrate(settings.resolved_cache_dir / "calibration", refresh=args.refresh)
     else:
         cal = parse_stand_in(settings.calibration)

@@ -52,7 +52,7 @@ def job_workers_calibration(ctx: Context) -> Any:
         return None
     from stitchsim_service.core.queue import GPU_QUEUE
     from stitchsim_service.core.workers import calibrations
-    from stitchsim_worker.engine.calibration import Calibration, slowest
+    from stitchsim_worker.calibration import Calibration, slowest
 
     found = []
     for doc in calibrations(ctx, GPU_QUEUE):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from stitchsim.failure import Failure
 from stitchsim.models import LocalPath
-from stitchsim_worker.engine.calibration import Calibration
+from stitchsim_worker.calibration import Calibration
 
 ProgressFn = Callable[[str, int, int, float | None], None]
 """progress(stage, done, total, eta_s): called as long stages advance; eta_s is the engine's

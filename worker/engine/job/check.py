@@ -16,7 +16,7 @@ import torch
 from stitchsim import catalogue
 from stitchsim.failure import Failure
 from stitchsim.models import Spec
-from stitchsim_worker.engine.calibration import REFERENCE_SECONDS_PER_UNIT
+from stitchsim_worker.calibration import REFERENCE_SECONDS_PER_UNIT
 from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
 from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.job.context import EVAL_BATCH
