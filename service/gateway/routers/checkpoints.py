@@ -68,7 +68,7 @@ async def delete_checkpoint(checkpoint_id: str, ctx: Context = Depends(get_ctx),
 
 
 @router.get("/{checkpoint_id}/points", response_model=StitchPoints,
-            responses={s: {"model": ErrorBody} for s in (404, 422, 429, 503)},
+            responses={404: {"model": ErrorBody}, **_ERRORS},
             summary="Where one of your checkpoints can be stitched")
 async def checkpoint_points(
     checkpoint_id: str, ctx: Context = Depends(get_ctx), owner: str = Depends(get_owner),
