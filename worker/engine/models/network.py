@@ -15,7 +15,7 @@ from stitchsim_worker.engine.models.loading import LoadedModel
 from stitchsim_worker.engine.stitching.layer import Rep, rep_of
 
 AUTO_POINTS = 4
-LIST_POINTS = "`stitchsim points FILE`"
+LIST_POINTS = "`stitchsim points FILE` or `stitchsim-server points ARCH`"
 """Where a user finds the full list; the service adds its route with the checkpoint's id."""
 EXAMPLE_BATCH = 2
 
