@@ -168,7 +168,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if settings.calibration == "off":
         cal = None
     elif settings.calibration == "probe":
-        from stitchsim_worker.engine.calibration import calibrate
+        from stitchsim_worker.calibration import calibrate
 
         cal = calibrate(settings.resolved_cache_dir / "calibration", refresh=args.refresh)
     else:

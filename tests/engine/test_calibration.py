@@ -23,7 +23,7 @@ DEFAULT_LIMIT = 1_000_000  # STITCHSIM_MAX_JOB_UNITS's default
 
 
 def test_the_probe_is_measured_once_then_read_from_the_cache(tmp_path: Path) -> None:
-    from stitchsim_worker.engine.calibration import CACHE_FILE, calibrate
+    from stitchsim_worker.calibration import CACHE_FILE, calibrate
 
     t0 = time.perf_counter()
     first = calibrate(tmp_path, sizes=(32,))
@@ -45,7 +45,7 @@ def test_the_probe_is_measured_once_then_read_from_the_cache(tmp_path: Path) -> 
 
 
 def test_stand_in_figures_and_the_rate_between_probe_sizes() -> None:
-    from stitchsim_worker.engine.calibration import parse_stand_in, slowest
+    from stitchsim_worker.calibration import parse_stand_in, slowest
 
     gpu = parse_stand_in(GPU_CLASS)
     assert gpu.seconds_per_unit(32) == 0.002 and gpu.seconds_per_unit(224) == 0.0002
@@ -86,8 +86,8 @@ def resnet50_spec(path: Path) -> Spec:
 
 def test_a_resnet50_at_224_px_fits_a_gpu_class_budget_not_a_cpu_one(resnet50: Path,
                                                                    tmp_path: Path) -> None:
+    from stitchsim_worker.calibration import parse_stand_in
     from stitchsim_worker.engine import Resources, check_spec
-    from stitchsim_worker.engine.calibration import parse_stand_in
 
     spec = resnet50_spec(resnet50)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from stitchsim.failure import Failure
 from stitchsim.models import LocalPath
-from stitchsim_worker.calibration import Calibration
 
 ProgressFn = Callable[[str, int, int, float | None], None]
 """progress(stage, done, total, eta_s): called as long stages advance; eta_s is the engine's
@@ -26,6 +26,18 @@ def _no_store(kind: str) -> Callable[[str], Path]:
     return resolve
 
 
+class DeviceRate(Protocol):
+    """How fast the job workers do a work unit (stitchsim_worker.calibration.Calibration)."""
+
+    device: str
+    reference_seconds_per_unit: float
+    """The rate max_job_units is stated at."""
+
+    def seconds_per_unit(self, size: int) -> float: ...
+
+    def job_limit(self, reference_units: int, size: int) -> int: ...
+
+
 @dataclass
 class Resources:
     cache_dir: Path
@@ -39,7 +51,7 @@ class Resources:
     """Work units (plan.py) a job may take (None: no limit); with a calibration, the units it
     may take on the reference device (calibration.REFERENCE_SECONDS_PER_UNIT), scaled to the
     calibrated device at the job's input size."""
-    calibration: Calibration | None = None
+    calibration: DeviceRate | None = None
     """How fast the job workers do a unit, by input size (None: not calibrated)."""
     max_activation_bytes: int | None = None
     """One batch's activation at a model's largest module output (None: no limit)."""

@@ -16,7 +16,6 @@ import torch
 from stitchsim import catalogue
 from stitchsim.failure import Failure
 from stitchsim.models import Spec
-from stitchsim_worker.calibration import REFERENCE_SECONDS_PER_UNIT
 from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
 from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.job.context import EVAL_BATCH
@@ -137,12 +136,14 @@ class _Budget:
     seconds_per_unit: float | None = None
     device: str = ""
     reference_limit: int | None = None
+    reference_rate: float = 0.0
 
     @classmethod
     def of(cls, resources: Resources, input_size: int) -> _Budget:
         limit, spu = resources.job_budget(input_size)
         cal = resources.calibration
-        return cls(limit, input_size, spu, cal.device if cal else "", resources.max_job_units)
+        return cls(limit, input_size, spu, cal.device if cal else "", resources.max_job_units,
+                   cal.reference_seconds_per_unit if cal else 0.0)
 
     def where(self) -> str:
         """The limit's origin, for the message."""
@@ -151,7 +152,7 @@ class _Budget:
         return (f"per job on its workers' device ({self.device}: {self.seconds_per_unit:.3g} s "
                 f"a unit at {self.input_size} px, so STITCHSIM_MAX_JOB_UNITS="
                 f"{self.reference_limit:,} units at the reference's "
-                f"{REFERENCE_SECONDS_PER_UNIT:g} s become {self.limit:,})")
+                f"{self.reference_rate:g} s become {self.limit:,})")
 
     def details(self) -> dict[str, object]:
         if self.seconds_per_unit is None:
