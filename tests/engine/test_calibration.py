@@ -118,3 +118,31 @@ def test_a_resnet50_at_224_px_fits_a_gpu_class_budget_not_a_cpu_one(resnet50: Pa
     print(f"resnet50 at 224 px, default job: {gpu.units:,} units ({gpu.expected_units:,} "
           f"expected), x{gpu.size_factor:.0f} the reference; {gpu.expected_units * 0.0002:,.0f} s "
           f"at the GPU stand-in, {gpu.expected_units * 0.04:,.0f} s at the CPU's 0.04")
+
+
+def test_stitchsim_server_calibrate_prints_the_figures(monkeypatch: pytest.MonkeyPatch,
+                                                       tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from stitchsim_service.core.settings import get_settings
+    from stitchsim_worker.cli import main
+
+    def run(figures: str, *argv: str) -> str:
+        monkeypatch.setenv("STITCHSIM_DATA_DIR", str(tmp_path))
+        monkeypatch.setenv("STITCHSIM_CALIBRATION", figures)
+        get_settings.cache_clear()
+        try:
+            assert main(["calibrate", *argv]) == 0
+        finally:
+            get_settings.cache_clear()
+        return capsys.readouterr().out
+
+    lines = run(GPU_CLASS).splitlines()
+    assert lines[0].startswith("stand-in (torch ") and "224 px: 0.0002 s/unit" in lines[0]
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert rows["32"][2:4] == ["0.002", "20,000,000"], rows
+    assert rows["224"][2:4] == ["0.0002", "200,000,000"], rows
+    assert rows["224"][4:] == ["11.1", "h"]  # the same worker time at every size
+    doc = json.loads(run(GPU_CLASS, "--json").splitlines()[-1])
+    assert doc["seconds_per_unit"] == {"32": 0.002, "224": 0.0002}
+    assert run("off").startswith("calibration off: 0.04 s a unit")
+    assert run("off", "--json").strip() == "null"
