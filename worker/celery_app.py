@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -19,7 +22,7 @@ from celery.signals import (
 from stitchsim_service.core import jobs, workers
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.db import forget_inherited_databases
-from stitchsim_service.core.queue import CHECKS_QUEUE, RUN_TASK, make_celery
+from stitchsim_service.core.queue import CHECKS_QUEUE, GPU_QUEUE, RUN_TASK, make_celery
 from stitchsim_service.core.settings import get_settings
 from stitchsim_worker.lifeline import die_with_parent
 
@@ -104,6 +107,8 @@ class _Presence:
         self.stop = threading.Event()
         self.name = ""
         self.queues = ""
+        self.calibration: str | None = None
+        """This worker's device calibration as JSON, once measured (job workers only)."""
 
     def run(self) -> None:
         ctx = None
@@ -119,7 +124,7 @@ class _Presence:
         period = min(5.0, ctx.settings.heartbeat_s)
         while True:
             try:
-                workers.announce(ctx, self.name, self.queues)
+                workers.announce(ctx, self.name, self.queues, self.calibration)
             except Exception as exc:
                 log.warning("presence update failed: %s", exc)
             if self.stop.wait(period):
@@ -136,6 +141,37 @@ def _ready(sender: Any = None, **_: Any) -> None:
     _presence.name = getattr(sender, "hostname", None) or f"worker@{socket.gethostname()}"
     _presence.queues = ",".join(sorted(queues)) or "gpu"
     threading.Thread(target=_presence.run, name="stitchsim-presence", daemon=True).start()
+    if GPU_QUEUE in queues and get_settings().calibration != "off":
+        threading.Thread(target=_calibrate, name="stitchsim-calibrate", daemon=True).start()
+
+
+CALIBRATE_TIMEOUT_S = 600
+
+
+def _calibrate() -> None:
+    """Measure (or read from the cache) this worker's device calibration and announce it. In
+    a child process: the worker's parent never imports torch nor initialises CUDA. The worker
+    is ready before it is calibrated; until then the spec check prices its jobs as
+    STITCHSIM_SECONDS_PER_UNIT says."""
+    figures = get_settings().calibration
+    if figures != "probe":  # stand-in figures: read here, nothing to measure
+        from stitchsim_worker.calibration import parse_stand_in
+
+        _presence.calibration = json.dumps(parse_stand_in(figures).as_dict(), sort_keys=True)
+        log.info("device calibration (stand-in): %s", _presence.calibration)
+        return
+    cmd = [sys.executable, "-m", "stitchsim_worker.cli", "calibrate", "--json"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=CALIBRATE_TIMEOUT_S,
+                             check=True).stdout
+        doc = json.loads(out.strip().splitlines()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError) as exc:
+        detail = getattr(exc, "stderr", "") or ""
+        log.error("device calibration failed (%s) %s", exc, detail[-2000:])
+        return
+    if doc:
+        _presence.calibration = json.dumps(doc, sort_keys=True)
+        log.info("device calibration: %s", doc)
 
 
 @worker_shutdown.connect

@@ -1,5 +1,6 @@
 """In-process commands of `stitchsim-server`: `run` (one job, no HTTP), `points` (a model's
-stitch points) and `demo-models` (small reference checkpoints trained on built-in data)."""
+stitch points), `calibrate` (this host's device figures) and `demo-models` (small reference
+checkpoints trained on built-in data)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,13 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
     )
     points.add_argument("--all", action="store_true", help="every module output, not just stages")
     points.set_defaults(func=points_command)
+
+    cal = sub.add_parser("calibrate", help="measure this host's device for the job budget "
+                         "(what a job worker announces at start)")
+    cal.add_argument("--refresh", action="store_true", help="probe again, ignoring the cache")
+    cal.add_argument("--json", dest="as_json", action="store_true",
+                     help="one line of JSON (null when STITCHSIM_CALIBRATION=off)")
+    cal.set_defaults(func=calibrate_command)
 
     demo = sub.add_parser("demo-models", help="train small demo checkpoints on built-in data")
     demo.add_argument("out", type=Path, help="folder for the .safetensors files")
@@ -145,6 +153,43 @@ def points_command(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     print("\n".join(points["all"] if args.all else points["stages"]))
     print(f"# auto: {', '.join(points['auto'])}", file=sys.stderr)
+    return EXIT_OK
+
+
+CALIBRATION_SIZES = (32, 64, 128, 224, 384)
+"""Input sides `calibrate` prints the figures at."""
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    from stitchsim_service.core.settings import get_settings
+    from stitchsim_worker.calibration import parse_stand_in
+
+    settings = get_settings()
+    if settings.calibration == "off":
+        cal = None
+    elif settings.calibration == "probe":
+        from stitchsim_worker.calibration import calibrate
+
+        cal = calibrate(settings.resolved_cache_dir / "calibration", refresh=args.refresh)
+    else:
+        cal = parse_stand_in(settings.calibration)
+    if args.as_json:
+        print(json.dumps(cal.as_dict() if cal else None))
+        return EXIT_OK
+    limit = settings.max_job_units
+    if cal is None:
+        print(f"calibration off: {settings.seconds_per_unit:g} s a unit at every input size, "
+              f"job limit {limit or 'none'} units (STITCHSIM_SECONDS_PER_UNIT, "
+              "STITCHSIM_MAX_JOB_UNITS)")
+        return EXIT_OK
+    print(cal.text())
+    print(f"{'input':>6}  {'s/unit':>10}  {'job limit (units)':>18}  {'limit in worker time':>20}")
+    for size in CALIBRATION_SIZES:
+        spu = cal.seconds_per_unit(size)
+        units = cal.job_limit(limit, size) if limit else None
+        shown = f"{units:,}" if units else "none"
+        hours = f"{units * spu / 3600:.1f} h" if units else "-"
+        print(f"{size:>4} px  {spu:>10.3g}  {shown:>18}  {hours:>20}")
     return EXIT_OK
 
 

@@ -21,7 +21,9 @@ from stitchsim_service.core.store import StoreError, object_key, report_key
 log = logging.getLogger("stitchsim.worker")
 
 
-def make_resources(ctx: Context) -> Any:
+def make_resources(ctx: Context, *, calibrated: bool = False) -> Any:
+    """The engine's Resources for this service; `calibrated`: with the job workers' device
+    calibration (the spec check prices the job with it)."""
     from stitchsim_worker.engine import Resources
 
     cache = ctx.settings.resolved_cache_dir
@@ -40,7 +42,26 @@ def make_resources(ctx: Context) -> Any:
                      dataset_path=resolve("datasets"), allow_local_paths=False,
                      max_model_params=ctx.settings.max_model_params,
                      max_job_units=ctx.settings.max_job_units,
+                     calibration=job_workers_calibration(ctx) if calibrated else None,
                      max_activation_bytes=ctx.settings.max_activation_bytes)
+
+
+def job_workers_calibration(ctx: Context) -> Any:
+    """The slowest calibration live job workers announced: a job may land on any of them.
+    None when calibration is off or none announced one yet (the flat settings apply)."""
+    if ctx.settings.calibration == "off":
+        return None
+    from stitchsim_service.core.queue import GPU_QUEUE
+    from stitchsim_service.core.workers import calibrations
+    from stitchsim_worker.calibration import Calibration, slowest
+
+    found = []
+    for doc in calibrations(ctx, GPU_QUEUE):
+        try:
+            found.append(Calibration.from_dict(doc))
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("a job worker's calibration is unreadable (%s): %.200s", exc, doc)
+    return slowest(found)
 
 
 def _jsonable(value: Any) -> Any:
@@ -56,10 +77,12 @@ def _carried(failure: Failure) -> Failure:
     return Failure(failure.code, failure.message, _jsonable(failure.details))
 
 
-def estimate_of(ctx: Context, units: int, expected: int) -> dict[str, Any]:
+def estimate_of(ctx: Context, units: int, expected: int,
+                seconds_per_unit: float | None = None) -> dict[str, Any]:
     """A job's estimate as the contract's Estimate: its units (the budget, IRIs at their cap),
-    and the seconds its expected units take at the calibrated rate."""
-    return {"units": units, "seconds": round(expected * ctx.settings.seconds_per_unit, 1)}
+    and the seconds its expected units take at the calibrated rate (else the settings')."""
+    spu = seconds_per_unit or ctx.settings.seconds_per_unit
+    return {"units": units, "seconds": round(expected * spu, 1)}
 
 
 def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
@@ -69,9 +92,10 @@ def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
 
     spec = Spec.model_validate(spec_doc)
     try:
-        checked = check_spec(spec, resources=make_resources(ctx))
+        checked = check_spec(spec, resources=make_resources(ctx, calibrated=True))
     except Failure as failure:
-        return {"failure": _carried(_with_estimate(ctx, failure)).as_dict()}
+        failure = _with_points_route(_with_estimate(ctx, failure), spec)
+        return {"failure": _carried(failure).as_dict()}
     except MemoryError:
         # The check's own address-space limit (STITCHSIM_CHECK_MEMORY_BYTES) stopped it: the
         # spec asks for more than the estimates caught, and far more than a job may use.
@@ -80,7 +104,51 @@ def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
             "job_too_large", "checking this spec ran out of the spec check's memory limit "
             f"({limit:,} bytes, STITCHSIM_CHECK_MEMORY_BYTES); use smaller models, inputs or "
             "datasets", {"check_memory_bytes": limit}).as_dict()}
-    return {"estimate": estimate_of(ctx, checked.units, checked.expected_units)}
+    return {"estimate": estimate_of(ctx, checked.units, checked.expected_units,
+                                    checked.seconds_per_unit)}
+
+
+POINT_CODES = ("unknown_layer", "unstitchable_point")
+
+
+def _with_points_route(failure: Failure, spec: Spec) -> Failure:
+    """A point the model does not have, with the route that lists the model's points (the
+    engine knows no HTTP: it names the CLI, the service names its own route)."""
+    details = failure.details
+    if failure.code not in POINT_CODES or not isinstance(details, dict):
+        return failure
+    side = details.get("side")
+    ref = getattr(spec, side).checkpoint if side in ("front", "back") else None
+    if not isinstance(ref, str):
+        return failure
+    route = f"/checkpoints/{ref}/points"
+    return Failure(failure.code, f"{failure.message}; GET {route} lists every stitch point "
+                   f"of the {side} model with its shape", {**details, "points_route": route})
+
+
+def stitch_points_doc(ctx: Context, checkpoint_id: str, ref: dict[str, Any]) -> dict[str, Any]:
+    """GET /checkpoints/{id}/points, on a check worker: {"points": StitchPoints as a dict}, or
+    {"failure": ...} as check_spec_doc answers. `ref` holds the ModelRef fields the caller set
+    (arch, arch_kwargs, input_size)."""
+    from stitchsim.models import ModelRef
+    from stitchsim_worker.engine.models.points import checkpoint_points
+
+    try:
+        model_ref = ModelRef.model_validate({**ref, "checkpoint": checkpoint_id})
+        path, _ = make_resources(ctx).checkpoint(checkpoint_id)
+        listing = checkpoint_points(model_ref, path)
+    except Failure as failure:
+        return {"failure": _carried(failure).as_dict()}
+    except MemoryError:
+        return {"failure": Failure(
+            "job_too_large", "listing this model's stitch points ran out of the spec check's "
+            "memory limit (STITCHSIM_CHECK_MEMORY_BYTES); use a smaller model or input_size",
+            {"check_memory_bytes": ctx.settings.check_memory_bytes}).as_dict()}
+    except Exception as exc:  # a bug of ours, answered as one rather than as a busy checker
+        log.exception("listing the stitch points of %s failed", checkpoint_id)
+        return {"failure": Failure("internal", "listing the stitch points failed: "
+                                   f"{type(exc).__name__}: {exc}").as_dict()}
+    return {"points": {"checkpoint": checkpoint_id, **listing}}
 
 
 def _with_estimate(ctx: Context, failure: Failure) -> Failure:
@@ -88,11 +156,12 @@ def _with_estimate(ctx: Context, failure: Failure) -> Failure:
     details = failure.details
     if failure.code != "job_too_large" or not isinstance(details, dict) or "units" not in details:
         return failure
+    spu = details.get("seconds_per_unit") or ctx.settings.seconds_per_unit
     est = estimate_of(ctx, int(details["units"]),
-                      int(details.get("expected_units", details["units"])))
+                      int(details.get("expected_units", details["units"])), spu)
     return Failure(failure.code,
                    f"{failure.message} (estimate: about {est['seconds']:,.0f} s of worker time, "
-                   f"at {ctx.settings.seconds_per_unit:g} s a unit)",
+                   f"at {spu:.3g} s a unit)",
                    {**details, "estimate": est})
 
 

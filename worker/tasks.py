@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from stitchsim_service.core.queue import CHECK_TASK, RUN_TASK
+from stitchsim_service.core.queue import CHECK_TASK, POINTS_TASK, RUN_TASK
 from stitchsim_worker.celery_app import app, worker_context
-from stitchsim_worker.runner import check_spec_doc, execute_job
+from stitchsim_worker.runner import check_spec_doc, execute_job, stitch_points_doc
 
 
 @app.task(name=RUN_TASK, bind=True, acks_late=True, reject_on_worker_lost=True,
@@ -19,3 +19,8 @@ def run_job(self: Any, job_id: str) -> str:
 @app.task(name=CHECK_TASK, acks_late=False, time_limit=120, soft_time_limit=110)
 def check_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return check_spec_doc(worker_context(), spec)
+
+
+@app.task(name=POINTS_TASK, acks_late=False, time_limit=120, soft_time_limit=110)
+def stitch_points(checkpoint_id: str, ref: dict[str, Any]) -> dict[str, Any]:
+    return stitch_points_doc(worker_context(), checkpoint_id, ref)

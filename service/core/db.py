@@ -153,6 +153,9 @@ class WorkerRow(Base):
     queues: Mapped[str] = mapped_column(String(255))
     pid: Mapped[int] = mapped_column(Integer)
     last_seen: Mapped[datetime] = mapped_column(UTCDateTime())
+    calibration: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """A job worker's device calibration as JSON (stitchsim_worker.calibration), once
+    measured; the spec check prices jobs with it."""
 
 
 class PendingCheckRow(Base):

@@ -26,6 +26,7 @@ GPU_QUEUE = "gpu"
 CHECKS_QUEUE = "checks"
 RUN_TASK = "stitchsim.run_job"
 CHECK_TASK = "stitchsim.check_spec"
+POINTS_TASK = "stitchsim.stitch_points"
 
 
 class _EmbeddedChannel(kombu_sqla.Channel):
@@ -88,7 +89,8 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         "task_time_limit": settings.job_time_limit_s,
         "task_soft_time_limit": soft_time_limit_s(settings),
         "task_default_queue": GPU_QUEUE,
-        "task_routes": {RUN_TASK: {"queue": GPU_QUEUE}, CHECK_TASK: {"queue": CHECKS_QUEUE}},
+        "task_routes": {RUN_TASK: {"queue": GPU_QUEUE}, CHECK_TASK: {"queue": CHECKS_QUEUE},
+                        POINTS_TASK: {"queue": CHECKS_QUEUE}},
         "result_expires": 3600,
         "broker_connection_retry_on_startup": True,
         "worker_send_task_events": False,
@@ -173,13 +175,19 @@ class JobQueue:
     def check_spec(self, spec: dict[str, Any], timeout: float) -> CheckOutcome:
         if timeout <= 0:
             return CheckOutcome(False, note="spec check disabled")
+        out = self.ask_checker(CHECK_TASK, [spec], timeout)
+        return out if isinstance(out, CheckOutcome) else CheckOutcome.answered(out)
+
+    def ask_checker(self, task: str, args: list[Any], timeout: float
+                    ) -> dict[str, Any] | CheckOutcome:
+        """A check worker's answer to `task`, or why none came (an unchecked outcome)."""
         try:
             result = self.celery.send_task(
-                CHECK_TASK, args=[spec], queue=CHECKS_QUEUE, expires=timeout,
+                task, args=args, queue=CHECKS_QUEUE, expires=timeout,
                 retry=True, retry_policy={"max_retries": 1, "interval_start": 0},
             )
         except Exception as exc:  # broker trouble: the enqueue that follows will say so
-            log.warning("spec check not sent: %s", exc)
+            log.warning("%s not sent: %s", task, exc)
             return CheckOutcome(False, note=f"spec check not sent: {exc}")
         try:
             out = result.get(timeout=timeout, interval=0.05, propagate=True)
@@ -189,13 +197,13 @@ class JobQueue:
         except Exception as exc:
             # The checker died on this spec (killed for memory, a time limit) or is broken:
             # unchecked either way, and an unchecked spec must not reach a GPU worker.
-            log.warning("spec check failed unexpectedly: %r", exc)
+            log.warning("%s failed unexpectedly: %r", task, exc)
             return CheckOutcome(False, note=f"spec check failed: {type(exc).__name__}",
                                 busy=True)
         finally:
             with contextlib.suppress(Exception):  # forgetting is housekeeping only
                 result.forget()
-        return CheckOutcome.answered(out)
+        return out or {}
 
     def depth(self, queue: str) -> int | None:
         try:

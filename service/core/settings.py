@@ -9,6 +9,9 @@ from pathlib import Path
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+_FIGURE = r"[0-9]*\.?[0-9]+(?:[eE]-?[0-9]+)?"
+CALIBRATION_PATTERN = rf"^(?:probe|off|{_FIGURE}|[0-9]+:{_FIGURE}(?:,[0-9]+:{_FIGURE})*)$"
+
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
 
@@ -79,9 +82,16 @@ class Settings(BaseSettings):
         "a key may have queued or running at once (429 compute_quota_exceeded beyond); "
         "`stitchsim-server keys limits --max-units` overrides it per key")
     seconds_per_unit: float = Field(
-        default=0.04, gt=0, description="a work unit's run time on the workers, for the "
-        "estimate in the job status and the 422/429 messages (calibrate with "
-        "bench/eta_accuracy.py on the workers' device)")
+        default=0.04, gt=0, description="a work unit's run time on the workers where they are "
+        "not calibrated (STITCHSIM_CALIBRATION=off, or no job worker announced one yet), and "
+        "in the gateway's 429 compute-quota messages")
+    calibration: str = Field(
+        default="probe", pattern=CALIBRATION_PATTERN, description="how job workers price a "
+        "work unit: probe (a short measured probe at worker start, cached by device and "
+        "torch version), off (STITCHSIM_SECONDS_PER_UNIT and STITCHSIM_MAX_JOB_UNITS as they "
+        "are), or stand-in figures: seconds a unit (0.0002) or per input side "
+        "(32:0.002,224:0.0002). The spec check scales the job limit and the estimate by the "
+        "slowest job worker's figures at the job's input size")
     max_activation_bytes: int | None = Field(
         default=4 * 1024**3, ge=1024, description="activation memory one batch may need at the "
         "model's largest module output, estimated from the spec check's meta forward before "

@@ -145,6 +145,7 @@ OTHER_KEY: dict[tuple[str, str], Check] = {
     ("GET", "/jobs/{job_id}/events"): _both(_owner_sees, _not_found),
     ("DELETE", "/jobs/{job_id}"): _not_found,
     ("GET", "/checkpoints/{checkpoint_id}"): _both(_owner_sees, _not_found),
+    ("GET", "/checkpoints/{checkpoint_id}/points"): _both(_owner_sees, _not_found),
     ("DELETE", "/checkpoints/{checkpoint_id}"): _not_found_keeps_it("checkpoint"),
     ("GET", "/datasets/{dataset_id}"): _both(_owner_sees, _not_found),
     ("DELETE", "/datasets/{dataset_id}"): _not_found_keeps_it("dataset"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from stitchsim.failure import Failure
 from stitchsim.models import LocalPath
@@ -25,6 +26,18 @@ def _no_store(kind: str) -> Callable[[str], Path]:
     return resolve
 
 
+class DeviceRate(Protocol):
+    """How fast the job workers do a work unit (stitchsim_worker.calibration.Calibration)."""
+
+    device: str
+    reference_seconds_per_unit: float
+    """The rate max_job_units is stated at."""
+
+    def seconds_per_unit(self, size: int) -> float: ...
+
+    def job_limit(self, reference_units: int, size: int) -> int: ...
+
+
 @dataclass
 class Resources:
     cache_dir: Path
@@ -35,9 +48,23 @@ class Resources:
     max_model_params: int | None = None
     """Parameters a model may have (None: no limit, as in `stitchsim-server run`)."""
     max_job_units: int | None = None
-    """Work units (plan.py) a job may take (None: no limit)."""
+    """Work units (plan.py) a job may take (None: no limit); with a calibration, the units it
+    may take on the reference device (calibration.REFERENCE_SECONDS_PER_UNIT), scaled to the
+    calibrated device at the job's input size."""
+    calibration: DeviceRate | None = None
+    """How fast the job workers do a unit, by input size (None: not calibrated)."""
     max_activation_bytes: int | None = None
     """One batch's activation at a model's largest module output (None: no limit)."""
+
+    def job_budget(self, input_size: int) -> tuple[int | None, float | None]:
+        """The unit limit of a job at this input side, and the seconds a unit takes there
+        (None where not calibrated)."""
+        if self.calibration is None:
+            return self.max_job_units, None
+        spu = self.calibration.seconds_per_unit(input_size)
+        if self.max_job_units is None:
+            return None, spu
+        return self.calibration.job_limit(self.max_job_units, input_size), spu
 
     def checkpoint(self, ref: str | LocalPath) -> tuple[Path, str]:
         """Local file and the content id it is reported under."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from stitchsim import __version__, catalogue
-from stitchsim.cli import dataset
+from stitchsim.cli import dataset, points
 from stitchsim.cli.check import cmd_check
 from stitchsim.cli.jobs import (
     cmd_compare,
@@ -144,6 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_jobs_wait)
 
     dataset.add_parser(sub)
+    points.add_parser(sub, common)
 
     p = sub.add_parser("report", parents=[common], help="fetch a finished job's report")
     p.add_argument("job_id")

@@ -30,6 +30,8 @@ from stitchsim.models.resources import (
     JobList,
     JobStatus,
     Progress,
+    StitchPoint,
+    StitchPoints,
     StoredObject,
     Usage,
 )
@@ -123,4 +125,6 @@ __all__ = [
     "StoredObject",
     "Usage",
     "DatasetInfo",
+    "StitchPoint",
+    "StitchPoints",
 ]

@@ -107,3 +107,33 @@ class DatasetInfo(BaseModel):
     it): given by the source, or made from the training split (fraction, seed)."""
     source_format: str | None = None
     """The dataset format it was packed from (a catalogue name), when the file says."""
+
+
+class StitchPoint(BaseModel):
+    name: str = Field(description="module output, as `layers` names it")
+    shape: list[int] = Field(description="one sample's output shape (no batch dimension)")
+    stage: bool = Field(default=False, description="a stage output (timm's feature_info)")
+    auto: bool = Field(default=False, description='one of the points `layers: "auto"` picks')
+
+
+class StitchPoints(BaseModel):
+    """GET /checkpoints/{id}/points: where a checkpoint's model can be stitched, counted by a
+    check worker on the meta device (no weights read)."""
+
+    checkpoint: str
+    arch: str
+    arch_kwargs: dict[str, Any] = Field(default_factory=dict)
+    input_size: int = Field(description="the square input side the shapes are for")
+    points: list[StitchPoint] = Field(description="every stitchable module output, in "
+                                      "execution order")
+    unstitchable: dict[str, str] = Field(default_factory=dict,
+                                         description="module outputs that cannot be "
+                                         "stitched, and why")
+
+    @property
+    def stages(self) -> list[str]:
+        return [p.name for p in self.points if p.stage]
+
+    @property
+    def auto(self) -> list[str]:
+        return [p.name for p in self.points if p.auto]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
@@ -46,6 +47,7 @@ from stitchsim.models import (
     JobStatus,
     ModelRef,
     Spec,
+    StitchPoints,
     StoredObject,
     Usage,
 )
@@ -183,6 +185,20 @@ class Client:
         return StoredObject.model_validate(
             self.http.request("GET", f"/checkpoints/{checkpoint_id}").json()
         )
+
+    def points(self, checkpoint: PathLike | str, *, arch: str | None = None,
+               arch_kwargs: Mapping[str, Any] | None = None,
+               input_size: int | None = None) -> StitchPoints:
+        """Where a checkpoint (a file, uploaded unless the service holds it, or a sha256: id)
+        can be stitched: every module output with its shape, the stage outputs and what
+        `layers: "auto"` picks (GET /checkpoints/{id}/points)."""
+        cid = self._checkpoint_id(checkpoint, "checkpoint")
+        params: dict[str, Any] = {"arch": arch, "input_size": input_size,
+                                  "arch_kwargs": None if arch_kwargs is None
+                                  else json.dumps(dict(arch_kwargs))}
+        r = self.http.request("GET", f"/checkpoints/{cid}/points",
+                              params={k: v for k, v in params.items() if v is not None})
+        return StitchPoints.model_validate(r.json())
 
     def delete_checkpoint(self, checkpoint_id: str) -> None:
         """Forget a checkpoint (frees storage quota); Conflict while a job of yours uses it."""

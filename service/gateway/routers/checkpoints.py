@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from anyio import to_thread
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import ValidationError
+from stitchsim.failure import Failure
 from stitchsim.files.header import Header
-from stitchsim.models import ErrorBody, StoredObject
+from stitchsim.jsondepth import MAX_JSON_DEPTH, nested_deeper_than
+from stitchsim.models import ErrorBody, ModelRef, StitchPoints, StoredObject
 from stitchsim_service.core import objects
 from stitchsim_service.core.context import Context
-from stitchsim_service.core.errors import NotFoundError
+from stitchsim_service.core.errors import NotFoundError, validation_error
+from stitchsim_service.core.points import stitch_points
 from stitchsim_service.gateway.deps import get_ctx, get_owner
 from stitchsim_service.gateway.edge import upload_slot
 from stitchsim_service.gateway.uploads import UPLOAD_OPENAPI, UploadedFile, receive_and_store
@@ -60,3 +65,40 @@ async def delete_checkpoint(checkpoint_id: str, ctx: Context = Depends(get_ctx),
     if not await to_thread.run_sync(objects.release, ctx, owner, "checkpoints", checkpoint_id):
         raise NotFoundError("checkpoint", checkpoint_id)
     return Response(status_code=204)
+
+
+@router.get("/{checkpoint_id}/points", response_model=StitchPoints,
+            responses={404: {"model": ErrorBody}, **_ERRORS},
+            summary="Where one of your checkpoints can be stitched")
+async def checkpoint_points(
+    checkpoint_id: str, ctx: Context = Depends(get_ctx), owner: str = Depends(get_owner),
+    arch: str | None = Query(None, description="timm architecture; else the checkpoint's"),
+    arch_kwargs: str | None = Query(None, max_length=8192, description="create_model "
+                                    "kwargs as JSON; else the checkpoint's"),
+    input_size: int | None = Query(None, description="square input side the shapes are for"),
+) -> StitchPoints:
+    """Every stitchable module output with its shape, the stage outputs and the points
+    `layers: "auto"` picks, as a job on this checkpoint would see them (a check worker builds
+    the model on the meta device; no weights are read)."""
+    ref = _model_ref(checkpoint_id, arch, arch_kwargs, input_size)
+    return await to_thread.run_sync(stitch_points, ctx, owner, checkpoint_id, ref)
+
+
+def _model_ref(checkpoint_id: str, arch: str | None, arch_kwargs: str | None,
+               input_size: int | None) -> dict[str, Any]:
+    """The query's ModelRef fields, validated as a spec's would be."""
+    kwargs = None
+    if arch_kwargs is not None:
+        try:
+            kwargs = json.loads(arch_kwargs)
+            if nested_deeper_than(kwargs, MAX_JSON_DEPTH):
+                raise RecursionError
+        except (ValueError, RecursionError) as exc:
+            raise Failure("invalid_spec", f"arch_kwargs: not a JSON object of kwargs ({exc!r})",
+                          {"field": "arch_kwargs"}) from None
+    fields = {"arch": arch, "arch_kwargs": kwargs, "input_size": input_size}
+    try:
+        ModelRef.model_validate({"checkpoint": checkpoint_id, **fields})
+    except ValidationError as exc:
+        raise validation_error("invalid_spec", "invalid query", list(exc.errors())) from None
+    return fields

@@ -48,6 +48,8 @@ class Checked:
     """One batch's activation at the largest module output of either model."""
     size_factor: float = 1.0
     """Budget units a batch of this job counts (costs.size_factor)."""
+    seconds_per_unit: float | None = None
+    """The calibrated workers' seconds a unit at the job's input size (None: not calibrated)."""
 
 
 def _check_size(model: LoadedModel, where: str, limit: int | None) -> None:
@@ -90,10 +92,11 @@ def check_spec(spec: Spec, *, resources: Resources) -> Checked:
     if not pairs:
         raise Failure("unknown_layer", "no stitch points could be paired between the two models")
     factor = size_factor(front.flops, back.flops)
+    budget = _Budget.of(resources, max(front.preprocess.input_size, back.preprocess.input_size))
     units, expected = _check_budget(spec, Sizes(len(data.train), len(data.test), len(pairs)),
-                                    factor, resources.max_job_units)
+                                    factor, budget)
     return Checked(units=units, expected_units=expected, activation_bytes=activation,
-                   size_factor=factor)
+                   size_factor=factor, seconds_per_unit=budget.seconds_per_unit)
 
 
 def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | None) -> int:
@@ -124,12 +127,47 @@ def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | N
     return need
 
 
-def _check_budget(spec: Spec, sizes: Sizes, factor: float, limit: int | None
+@dataclass(frozen=True)
+class _Budget:
+    """The per-job unit limit at the job's input size, and how it was set."""
+
+    limit: int | None
+    input_size: int
+    seconds_per_unit: float | None = None
+    device: str = ""
+    reference_limit: int | None = None
+    reference_rate: float = 0.0
+
+    @classmethod
+    def of(cls, resources: Resources, input_size: int) -> _Budget:
+        limit, spu = resources.job_budget(input_size)
+        cal = resources.calibration
+        return cls(limit, input_size, spu, cal.device if cal else "", resources.max_job_units,
+                   cal.reference_seconds_per_unit if cal else 0.0)
+
+    def where(self) -> str:
+        """The limit's origin, for the message."""
+        if self.seconds_per_unit is None:
+            return "per job (STITCHSIM_MAX_JOB_UNITS)"
+        return (f"per job on its workers' device ({self.device}: {self.seconds_per_unit:.3g} s "
+                f"a unit at {self.input_size} px, so STITCHSIM_MAX_JOB_UNITS="
+                f"{self.reference_limit:,} units at the reference's "
+                f"{self.reference_rate:g} s become {self.limit:,})")
+
+    def details(self) -> dict[str, object]:
+        if self.seconds_per_unit is None:
+            return {}
+        return {"seconds_per_unit": self.seconds_per_unit, "input_size": self.input_size,
+                "device": self.device, "reference_limit": self.reference_limit}
+
+
+def _check_budget(spec: Spec, sizes: Sizes, factor: float, budget: _Budget
                   ) -> tuple[int, int]:
     """The job's work in budget units (its progress plan's batches at the models' size factor),
     and the units it is expected to take, against the per-job limit."""
     plan = job_plan(spec, sizes)
     units, expected = round(plan.units * factor), round(plan.expected * factor)
+    limit = budget.limit
     if limit is None or units <= limit:
         return units, expected
     shrink = what_to_shrink(spec, sizes)
@@ -139,10 +177,11 @@ def _check_budget(spec: Spec, sizes: Sizes, factor: float, limit: int | None
     raise Failure(
         "job_too_large",
         f"the job would take {units:,} work units (about one batch through a network part of "
-        f"a resnet18 on 32x32 inputs each), more than the {limit:,} this service allows per "
-        f"job (STITCHSIM_MAX_JOB_UNITS); shrink "
+        f"a resnet18 on 32x32 inputs each), more than the {limit:,} this service allows "
+        f"{budget.where()}; shrink "
         f"{', '.join(shrink[:4]) or 'the dataset or the stitch points'}",
         {"units": units, "expected_units": expected, "limit": limit,
          "shrink": shrink, "size_factor": round(factor, 3), "batches": plan.units,
-         "n_train": sizes.train, "n_test": sizes.test, "stitch_pairs": sizes.pairs},
+         "n_train": sizes.train, "n_test": sizes.test, "stitch_pairs": sizes.pairs,
+         **budget.details()},
     )

@@ -17,6 +17,8 @@ from stitchsim_worker.engine.stitching.layer import Rep, rep_of
 from torch import nn
 
 AUTO_POINTS = 4
+LIST_POINTS = "`stitchsim points FILE` or `stitchsim-server points ARCH`"
+"""Where a user finds the full list; the service adds its route with the checkpoint's id."""
 EXAMPLE_BATCH = 2
 
 
@@ -70,9 +72,9 @@ class Network:
             raise Failure(
                 "unstitchable_point",
                 f"{self.where}: {self.model.arch} cannot be stitched at {name!r}: "
-                f"{self.unstitchable[name]}; pick another point (list_stitch_points lists the "
+                f"{self.unstitchable[name]}; pick another point ({LIST_POINTS} lists the "
                 "stitchable ones)",
-                {"point": name, "reason": self.unstitchable[name]},
+                {"point": name, "reason": self.unstitchable[name], "side": self.where},
             )
         if name in self._index:
             return
@@ -82,8 +84,8 @@ class Network:
         raise Failure(
             "unknown_layer",
             f"{self.where}: {self.model.arch} has no stitch point {name!r}; {hint}"
-            f"stage outputs are {stages} (GET the full list with list_stitch_points)",
-            {"valid_stage_points": self.stage_points()},
+            f"stage outputs are {stages} ({LIST_POINTS} lists them all)",
+            {"valid_stage_points": self.stage_points(), "point": name, "side": self.where},
         )
 
     def _why_unstitchable(self, name: str) -> str | None:
