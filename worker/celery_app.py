@@ -154,7 +154,7 @@ def _calibrate() -> None:
     is ready before it is calibrated; until then the spec check prices its jobs as
     STITCHSIM_SECONDS_PER_UNIT says."""
     figures = get_settings().calibration
-    if figures != "probe":  # stand-in figures: read here, nothing to measure
+    if figures not in ("auto", "probe"):  # stand-in figures: read here, nothing to measure
         from stitchsim_worker.calibration import parse_stand_in
 
         _presence.calibration = json.dumps(parse_stand_in(figures).as_dict(), sort_keys=True)

@@ -38,7 +38,7 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                          "(what a job worker announces at start)")
     cal.add_argument("--refresh", action="store_true", help="probe again, ignoring the cache")
     cal.add_argument("--json", dest="as_json", action="store_true",
-                     help="one line of JSON (null when STITCHSIM_CALIBRATION=off)")
+                     help="one line of JSON (null when uncalibrated: STITCHSIM_CALIBRATION=off, or auto on a CPU)")
     cal.set_defaults(func=calibrate_command)
 
     demo = sub.add_parser("demo-models", help="train small demo checkpoints on built-in data")
@@ -167,10 +167,18 @@ def calibrate_command(args: argparse.Namespace) -> int:
     settings = get_settings()
     if settings.calibration == "off":
         cal = None
-    elif settings.calibration == "probe":
+    elif settings.calibration in ("auto", "probe"):
         from stitchsim_worker.calibration import calibrate
+        from stitchsim_worker.engine.device import pick_device
 
-        cal = calibrate(settings.resolved_cache_dir / "calibration", refresh=args.refresh)
+        device = pick_device("auto")
+        # auto: a CPU keeps the flat figures, measured on the reference CPU; a probe on a
+        # shared CPU host reads its neighbours' load as the device's speed.
+        if settings.calibration == "auto" and device.type == "cpu":
+            cal = None
+        else:
+            cal = calibrate(settings.resolved_cache_dir / "calibration", device,
+                            refresh=args.refresh)
     else:
         cal = parse_stand_in(settings.calibration)
     if args.as_json:

@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 _FIGURE = r"[0-9]*\.?[0-9]+(?:[eE]-?[0-9]+)?"
-CALIBRATION_PATTERN = rf"^(?:probe|off|{_FIGURE}|[0-9]+:{_FIGURE}(?:,[0-9]+:{_FIGURE})*)$"
+CALIBRATION_PATTERN = rf"^(?:auto|probe|off|{_FIGURE}|[0-9]+:{_FIGURE}(?:,[0-9]+:{_FIGURE})*)$"
 
 LOOPBACK_NAMES = {"localhost", "ip6-localhost"}
 
@@ -86,9 +86,10 @@ class Settings(BaseSettings):
         "not calibrated (STITCHSIM_CALIBRATION=off, or no job worker announced one yet), and "
         "in the gateway's 429 compute-quota messages")
     calibration: str = Field(
-        default="probe", pattern=CALIBRATION_PATTERN, description="how job workers price a "
-        "work unit: probe (a short measured probe at worker start, cached by device and "
-        "torch version), off (STITCHSIM_SECONDS_PER_UNIT and STITCHSIM_MAX_JOB_UNITS as they "
+        default="auto", pattern=CALIBRATION_PATTERN, description="how job workers price a "
+        "work unit: auto (probe on a GPU; a CPU keeps the flat figures, which were measured "
+        "on the 2-core reference CPU), probe (a short measured probe at worker start, cached "
+        "by device and torch version, on any device), off (STITCHSIM_SECONDS_PER_UNIT and STITCHSIM_MAX_JOB_UNITS as they "
         "are), or stand-in figures: seconds a unit (0.0002) or per input side "
         "(32:0.002,224:0.0002). The spec check scales the job limit and the estimate by the "
         "slowest job worker's figures at the job's input size")
