@@ -38,7 +38,8 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
                          "(what a job worker announces at start)")
     cal.add_argument("--refresh", action="store_true", help="probe again, ignoring the cache")
     cal.add_argument("--json", dest="as_json", action="store_true",
-                     help="one line of JSON (null when uncalibrated: STITCHSIM_CALIBRATION=off, or auto on a CPU)")
+                     help="one line of JSON (null when uncalibrated: STITCHSIM_CALIBRATION=off, "
+                     "or auto on a CPU)")
     cal.set_defaults(func=calibrate_command)
 
     demo = sub.add_parser("demo-models", help="train small demo checkpoints on built-in data")
