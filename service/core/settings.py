@@ -90,7 +90,8 @@ class Settings(BaseSettings):
         "work unit: auto (probe on a GPU; a CPU keeps the flat figures, which were measured "
         "on the 2-core reference CPU), probe (a short measured probe at worker start, cached "
         "by device and torch version, on any device), off (STITCHSIM_SECONDS_PER_UNIT and "
-        "STITCHSIM_MAX_JOB_UNITS as they are), or stand-in figures: seconds a unit (0.0002) or per input side "
+        "STITCHSIM_MAX_JOB_UNITS as they are), or stand-in figures: seconds a unit "
+        "(0.0002) or per input side "
         "(32:0.002,224:0.0002). The spec check scales the job limit and the estimate by the "
         "slowest job worker's figures at the job's input size")
     max_activation_bytes: int | None = Field(
