@@ -85,6 +85,9 @@ class ObjectiveEntry(Entry):
     """In a spec that names no objectives."""
     needs_labels: bool = False
     """It trains on the dataset's class labels (hlm): an unlabelled dataset cannot run it."""
+    needs_classes: bool = False
+    """It reads the stitched model's outputs as class scores (hlm): a back model whose output
+    kind has no classes (an embedding, an image) cannot train with it."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,15 @@ class ModelSourceEntry(Entry):
 class OutputKindEntry(Entry):
     needs_labels: bool = True
     """Its agreement or training needs class labels (logits); else labels are optional."""
+    classes: bool = True
+    """Its outputs are class scores: the model has an accuracy, a stitched model has a
+    stitching penalty and an error consistency, and class-label objectives apply."""
+    agreement: str = "agreement"
+    """What its agreement figure is called (the page's and table's column, the plot's axis)."""
+    hard_agreement: str = "hard agreement"
+    """What its second agreement figure (hard_agreement in a row) is called."""
+    psnr: bool = False
+    """Its rows carry a peak signal-to-noise ratio (psnr) beside the agreement."""
 
 
 @dataclass(frozen=True)
@@ -246,10 +258,11 @@ OBJECTIVES: Kind[ObjectiveEntry] = Kind("objective", (
     ObjectiveEntry(
         "hlm", "hard-label matching (hlm)", "cross-entropy of the stitched model against the "
         "labels", short="hlm", style=PlotStyle(BLUE, "-", "o"), labels_only=True,
-        needs_labels=True),
+        needs_labels=True, needs_classes=True),
     ObjectiveEntry(
         "slm", "soft-label matching (slm)", "KL divergence from the back model's softmax to "
-        "the stitched model's (temperature 1)", short="slm",
+        "the stitched model's (temperature 1); for a back model whose output is an embedding "
+        "or an image, its output kind's output matching", short="slm",
         style=PlotStyle(VERMILLION, "--", "s"), default=True),
     ObjectiveEntry(
         "dm", "direct matching (dm)", "relative distance to the back model's tensor at the "
@@ -335,7 +348,21 @@ MODEL_SOURCES: Kind[ModelSourceEntry] = Kind("model source", (
 OUTPUT_KINDS: Kind[OutputKindEntry] = Kind("output kind", (
     OutputKindEntry(
         "logits", "logits", "a classifier's class scores: agreement of the softmaxes, hard "
-        "agreement, accuracy and error consistency"),
+        "agreement, accuracy and error consistency; trained by the objectives as they are"),
+    OutputKindEntry(
+        "embedding", "embedding", "a vector per input (timm with num_classes=0, a pooled "
+        "encoder output): agreement is the mean cosine similarity of the stitched and the back "
+        "model's outputs, hard agreement the nearest-neighbour retrieval agreement (the "
+        "stitched output's nearest back-model output on the test split is its own input's); "
+        "slm trains by output matching (1 - cosine)", needs_labels=False, classes=False,
+        agreement="cosine similarity", hard_agreement="retrieval agreement"),
+    OutputKindEntry(
+        "image", "image", "an image per input (an autoencoder, image-to-image): agreement is "
+        "1 - the relative reconstruction error against the back model's own output (per "
+        "sample, at least 0), with the PSNR beside it and nearest-neighbour retrieval "
+        "agreement as hard agreement; slm trains by output matching (relative squared error)",
+        needs_labels=False, classes=False, agreement="1 - relative error",
+        hard_agreement="retrieval agreement", psnr=True),
 ))
 
 _IMAGE_PACKAGES = ("numpy", "PIL")

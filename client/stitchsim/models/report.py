@@ -16,6 +16,7 @@ from stitchsim.models.vocabulary import (
     Measure,
     MeasureInput,
     Objective,
+    OutputKind,
     PreprocessSource,
     Protocol,
     Verdict,
@@ -62,11 +63,20 @@ class ResultRow(BaseModel):
     agreement_ci: tuple[float, float]
     hard_agreement: float
     hard_agreement_ci: tuple[float, float]
-    accuracy: float
-    accuracy_ci: tuple[float, float]
-    stitching_penalty: float
-    error_consistency: float
-    error_consistency_ci: tuple[float, float]
+    accuracy: float | None = Field(
+        description="the stitched model's accuracy; null when the back model's output kind "
+        "has no classes (an embedding, an image)")
+    accuracy_ci: tuple[float, float] | None
+    stitching_penalty: float | None
+    error_consistency: float | None
+    error_consistency_ci: tuple[float, float] | None
+    output: OutputKind = Field(
+        default="logits", description="the back model's output kind: what agreement and "
+        "hard_agreement measure (catalogue OUTPUT_KINDS)")
+    psnr: float | None = Field(
+        default=None, description="image outputs: mean PSNR (dB) of the stitched model's "
+        "output against the back model's, peak = the back model's output range")
+    psnr_ci: tuple[float, float] | None = None
     train_loss: float
     seconds: float
     iri: IRIStats | None = None
@@ -107,8 +117,12 @@ class ModelSummary(BaseModel):
     checkpoint: str
     arch: str
     arch_kwargs: dict[str, Any] = {}
-    accuracy: float
-    accuracy_ci: tuple[float, float]
+    accuracy: float | None = Field(
+        description="test accuracy; null for a model whose output kind has no classes or on "
+        "an unlabelled dataset")
+    accuracy_ci: tuple[float, float] | None
+    output: OutputKind = Field(default="logits", description="what the model outputs")
+    output_source: Literal["spec", "metadata", "detected"] = "detected"
     input_size: int
     layers: list[str] = Field(default=[], description="stitch points used on this model")
     preprocess: PreprocessInfo | None = None
