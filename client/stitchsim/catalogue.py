@@ -154,6 +154,9 @@ class OutputKindEntry(Entry):
     """What its second agreement figure (hard_agreement in a row) is called."""
     psnr: bool = False
     """Its rows carry a peak signal-to-noise ratio (psnr) beside the agreement."""
+    grid: bool = False
+    """Its outputs are pictures: the report shows samples of them (inputs, the back model's
+    outputs, the stitched model's) as an image grid."""
 
 
 @dataclass(frozen=True)
@@ -362,7 +365,7 @@ OUTPUT_KINDS: Kind[OutputKindEntry] = Kind("output kind", (
         "sample, at least 0), with the PSNR beside it and nearest-neighbour retrieval "
         "agreement as hard agreement; slm trains by output matching (relative squared error)",
         needs_labels=False, classes=False, agreement="1 - relative error",
-        hard_agreement="retrieval agreement", psnr=True),
+        hard_agreement="retrieval agreement", psnr=True, grid=True),
 ))
 
 _IMAGE_PACKAGES = ("numpy", "PIL")

@@ -8,6 +8,7 @@ come from the catalogue (stitchsim.catalogue) through vocabulary.py.
 from stitchsim.models.report import (
     DropRow,
     ExcessRow,
+    ImageGrid,
     IRIStats,
     MeasureRow,
     MeasureSummaryRow,
@@ -96,6 +97,7 @@ __all__ = [
     "AdversarialSettings",
     "MeasureSettings",
     "Spec",
+    "ImageGrid",
     "IRIStats",
     "RobustStats",
     "ResultRow",

@@ -53,6 +53,18 @@ class RobustStats(BaseModel):
     steps: int
 
 
+class ImageGrid(BaseModel):
+    """Sample outputs of an image model beside its inputs: one PNG, one row of samples per
+    label (the inputs, the back model's outputs on them, the target when it is not that
+    output, the stitched model's outputs)."""
+
+    labels: list[str] = Field(max_length=8)
+    samples: int = Field(ge=1, le=32)
+    width: int = Field(ge=1, le=4096, description="of the PNG, in pixels")
+    height: int = Field(ge=1, le=4096)
+    png: str = Field(max_length=400_000, description="base64 of the PNG")
+
+
 class ResultRow(BaseModel):
     direction: Direction
     front_layer: str
@@ -77,6 +89,9 @@ class ResultRow(BaseModel):
         default=None, description="image outputs: mean PSNR (dB) of the stitched model's "
         "output against the back model's, peak = the back model's output range")
     psnr_ci: tuple[float, float] | None = None
+    grid: ImageGrid | None = Field(
+        default=None, description="image outputs: test inputs, the back model's outputs and "
+        "the stitched model's, side by side (the first objective of each stitch and protocol)")
     train_loss: float
     seconds: float
     iri: IRIStats | None = None
