@@ -122,7 +122,8 @@ class ControlEntry(Entry):
     paints_cues: bool = False
     """It paints the unseen cues (control_settings.cues): its rows carry a cue."""
     needs_labels: bool = False
-    """It is built from the dataset's class labels: an unlabelled dataset cannot run it."""
+    """It is built from the dataset's class labels and has no pseudo-classes to fall back on:
+    an unlabelled dataset cannot run it."""
 
 
 @dataclass(frozen=True)
@@ -304,8 +305,9 @@ CONTROLS: Kind[ControlEntry] = Kind("control", (
     ControlEntry(
         "clustered_noise", "clustered noise", "one noise centre per class fed through T into "
         "the back model: the accuracy a representation with nothing but class clusters "
-        "reaches (the floor)", short="noise floor",
-        band=BandStyle(GREY, "clustered-noise floor", hatch="///"), needs_labels=True),
+        "reaches (the floor); on data without labels the classes are pseudo-classes (k-means "
+        "of the back model's outputs)", short="noise floor",
+        band=BandStyle(GREY, "clustered-noise floor", hatch="///")),
     ControlEntry(
         "identity", "identity", "the back model stitched into itself at the same point: "
         "agreement near 1 is the ceiling and a sanity check", short="ceiling",
@@ -313,8 +315,9 @@ CONTROLS: Kind[ControlEntry] = Kind("control", (
     ControlEntry(
         "shortcut", "unseen cues", "class markers neither model saw, painted onto the "
         "stitch-training inputs: agreement that falls when the markers are rolled by one "
-        "class was bought by the marker (excessive agreement)", short="unseen cues",
-        paints_cues=True, needs_labels=True),
+        "class was bought by the marker (excessive agreement); on data without labels the "
+        "classes are pseudo-classes (k-means of the back model's outputs)",
+        short="unseen cues", paints_cues=True),
 ))
 
 CUES: Kind[Entry] = Kind("cue", (

@@ -18,6 +18,7 @@ from stitchsim_service.gateway.pages import render_report_page
 from stitchsim_worker.engine.data.datasets import builtin
 from stitchsim_worker.engine.job.prepare import labels_needed
 from stitchsim_worker.engine.measures.outputs import OUTPUTS, detect_kind
+from stitchsim_worker.engine.measures.pseudo import pseudo_classes
 from stitchsim_worker.engine.models.builtin import AUTOENCODER, architectures
 from stitchsim_worker.engine.models.loading import save_checkpoint
 from stitchsim_worker.engine.models.zoo import make_autoencoder_checkpoint
@@ -71,6 +72,18 @@ def test_a_stitch_that_ignores_its_input_fails_the_figures_a_faithful_one_passes
         assert score(constant, back, torch.zeros(200, dtype=torch.long), 0).values["psnr"] < 30
 
 
+def test_pseudo_classes_recover_separated_clusters() -> None:
+    g = torch.Generator().manual_seed(0)
+    centres = torch.eye(4) * 5
+    truth = torch.arange(200) % 4
+    points = centres[truth] + 0.1 * torch.randn(200, 4, generator=g)
+    train, test = pseudo_classes(points[:150], points[150:], seed=0, k=4)
+    # The same partition up to the names of the clusters.
+    mapping = {int(t): int(p) for t, p in zip(truth[:150], train, strict=True)}
+    assert len(set(mapping.values())) == 4
+    assert all(mapping[int(t)] == int(p) for t, p in zip(truth[150:], test, strict=True))
+
+
 def _unlabelled_digits(path: Path) -> None:
     """Built-in digits as an upload without labels (uint8, no label arrays)."""
     ds = builtin("digits")
@@ -92,8 +105,8 @@ def test_an_embedding_model_stitched_into_itself_agrees_on_unlabelled_data(
     data = tmp_path / "unlabelled.safetensors"
     _unlabelled_digits(data)
     s = spec(ckpt, ckpt, dataset={"path": str(data)}, objectives=["dm", "slm"],
-             protocols=["standard"], controls=["identity"], layers=layers("stages.1"),
-             train=TINY)
+             protocols=["standard"], controls=["identity", "clustered_noise"],
+             layers=layers("layer2"), train=TINY, control_settings={"noise_sigmas": [0.3]})
     assert labels_needed(s, {"front": "embedding", "back": "embedding"}) == []
     report = run(s, tmp_path / "cache")
     assert report.back.output == "embedding" and report.back.output_source == "detected"
@@ -103,6 +116,9 @@ def test_an_embedding_model_stitched_into_itself_agrees_on_unlabelled_data(
     assert dm.agreement >= 0.99 and dm.hard_agreement >= 0.95
     (slm,) = rows(report, control="identity", objective="slm")
     assert slm.agreement >= 0.95
+    # The floor runs on pseudo-classes (no labels) and stays below the ceiling.
+    (floor,) = rows(report, control="clustered_noise", objective="dm")
+    assert floor.hard_agreement < 0.5 and floor.agreement < dm.agreement
     page = render_report_page(report)
     assert "cosine similarity" in page and "retrieval agreement" in page
 

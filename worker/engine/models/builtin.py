@@ -72,7 +72,9 @@ class ConvAutoencoder(nn.Module):
             nn.ReLU(),
             nn.ConvTranspose2d(latent, 2 * width, 4, stride=2, padding=1), nn.ReLU(),
             nn.ConvTranspose2d(2 * width, width, 4, stride=2, padding=1), nn.ReLU(),
-            nn.Conv2d(width, 3, 3, padding=1), nn.Sigmoid(),
+            # A linear output: a sigmoid saturates on sparse images (shapes on black) and
+            # the training collapses to drawing the background.
+            nn.Conv2d(width, 3, 3, padding=1),
         )
         # The points a stitch reads, for the stage list: the code and the decoder's middle.
         self.feature_info = [{"module": "encoder.1"}, {"module": "encoder"},
