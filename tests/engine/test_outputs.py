@@ -19,7 +19,8 @@ from stitchsim_worker.engine.data.datasets import builtin
 from stitchsim_worker.engine.job.prepare import labels_needed
 from stitchsim_worker.engine.measures.outputs import OUTPUTS, detect_kind
 from stitchsim_worker.engine.measures.pseudo import pseudo_classes
-from stitchsim_worker.engine.models.builtin import AUTOENCODER, architectures
+from stitchsim_worker.engine.models.autoencoder import AUTOENCODER
+from stitchsim_worker.engine.models.builtin import architectures
 from stitchsim_worker.engine.models.loading import save_checkpoint
 from stitchsim_worker.engine.models.zoo import make_autoencoder_checkpoint
 

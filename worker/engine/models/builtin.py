@@ -1,25 +1,16 @@
-"""The project's own architectures: networks no library ships that the demos, the tests and the
-paper reproductions need (the convolutional autoencoder of "Functional Alignment Can
-Mislead"'s encoder -> decoder experiment).
-
-One registry: `register_architecture(name, builder)`; `architectures()` lists them. The
-model sources read it (the `stitchsim` source, issue 28). Until that source is merged the
-entries are also named in timm's registry (`_expose_to_timm`), so a checkpoint whose metadata
-says `arch: conv_autoencoder` builds through today's timm path; that bridge goes when the
-source does.
-"""
+"""The project's own architectures (the `stitchsim:` model source): networks the service ships
+itself, such as its experiments' autoencoders. A module that defines one registers it here
+with `register_architecture(name, builder)`; `builder(**arch_kwargs)` returns the module with
+random weights."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 
 Builder = Callable[..., nn.Module]
-"""(**arch_kwargs) -> a freshly initialised module (random weights; no download)."""
-
 _ARCHITECTURES: dict[str, Builder] = {}
 
 
@@ -27,62 +18,13 @@ def register_architecture(name: str, builder: Builder) -> Builder:
     if name in _ARCHITECTURES:
         raise ValueError(f"architecture {name!r} is registered twice")
     _ARCHITECTURES[name] = builder
-    _expose_to_timm(name, builder)
     return builder
 
 
 def architectures() -> dict[str, Builder]:
-    """Every registered architecture by name, in registration order."""
+    """Every registered architecture by name."""
     return dict(_ARCHITECTURES)
 
 
-def _expose_to_timm(name: str, builder: Builder) -> None:
-    from timm.models import register_model
-
-    def create(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-        if pretrained:
-            raise ValueError(f"{name} has no pretrained weights")
-        kwargs.pop("pretrained_cfg", None)  # timm passes its own config entries
-        kwargs.pop("pretrained_cfg_overlay", None)
-        kwargs.pop("cache_dir", None)
-        return builder(**kwargs)
-
-    create.__name__ = name
-    create.__module__ = __name__
-    register_model(create)
-
-
-# ---------------------------------------------------------------- the autoencoder
-
-
-class ConvAutoencoder(nn.Module):
-    """A small convolutional autoencoder for 3 x 32 x 32 images in [0, 1]: an encoder to a
-    `latent` x 8 x 8 code (the stitch point `encoder`) and a decoder back to pixels."""
-
-    num_classes = 0  # no classifier head: its output is an image
-
-    def __init__(self, width: int = 8, latent: int = 8) -> None:
-        super().__init__()
-        self.encoder = nn.Sequential(
-            nn.Conv2d(3, width, 3, stride=2, padding=1), nn.ReLU(),  # 16 x 16
-            nn.Conv2d(width, 2 * width, 3, stride=2, padding=1), nn.ReLU(),  # 8 x 8
-            nn.Conv2d(2 * width, latent, 3, padding=1),
-        )
-        self.decoder = nn.Sequential(
-            nn.ReLU(),
-            nn.ConvTranspose2d(latent, 2 * width, 4, stride=2, padding=1), nn.ReLU(),
-            nn.ConvTranspose2d(2 * width, width, 4, stride=2, padding=1), nn.ReLU(),
-            # A linear output: a sigmoid saturates on sparse images (shapes on black) and
-            # the training collapses to drawing the background.
-            nn.Conv2d(width, 3, 3, padding=1),
-        )
-        # The points a stitch reads, for the stage list: the code and the decoder's middle.
-        self.feature_info = [{"module": "encoder.1"}, {"module": "encoder"},
-                             {"module": "decoder.2"}, {"module": "decoder.4"}]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.encoder(x))
-
-
-AUTOENCODER = "conv_autoencoder"
-register_architecture(AUTOENCODER, ConvAutoencoder)
+def build(name: str, **kwargs: Any) -> nn.Module:
+    return _ARCHITECTURES[name](**kwargs)

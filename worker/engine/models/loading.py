@@ -14,7 +14,7 @@ from stitchsim.catalogue import OUTPUT_KINDS
 from stitchsim.failure import Failure
 from stitchsim.models import ModelRef
 from stitchsim_worker.engine.measures.outputs import detect_kind
-from stitchsim_worker.engine.models import builtin as _builtin  # noqa: F401 - registers them
+from stitchsim_worker.engine.models import autoencoder as _autoencoder  # noqa: F401 - registers it
 from stitchsim_worker.engine.models.preprocess import (
     Choice,
     Preprocess,

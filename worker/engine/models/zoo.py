@@ -12,7 +12,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from stitchsim_worker.engine.data.datasets import builtin
-from stitchsim_worker.engine.models.builtin import AUTOENCODER, ConvAutoencoder
+from stitchsim_worker.engine.models.autoencoder import AUTOENCODER, ConvAutoencoder
 from stitchsim_worker.engine.models.loading import save_checkpoint
 
 # (model on pixels, pixels, labels) -> pixels to train on
