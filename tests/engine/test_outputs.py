@@ -176,3 +176,40 @@ def test_the_autoencoder_experiment_draws_the_back_task_from_the_front_tasks_inp
     page = render_report_page(report)
     assert 'id="grid-0"' in page and "data:image/png;base64," in page
     assert "1 - relative error" in page and "PSNR" in page
+
+
+class _PooledDinov2(torch.nn.Module):
+    """A transformers Dinov2Model from a tiny config (random weights, no download), read as an
+    embedder: its pooled output (the CLS token after the last norm)."""
+
+    num_classes = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import Dinov2Config, Dinov2Model
+
+        self.model = Dinov2Model(Dinov2Config(
+            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            image_size=32, patch_size=8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=x).pooler_output
+
+
+def test_a_transformers_dinov2_embedder_stitched_into_itself_agrees(tmp_path: Path) -> None:
+    # Built through the timm bridge of the autoencoder module: the transformers model source
+    # (branch `sources`) is not on this branch; with it, the same Dinov2Model loads from its
+    # save_pretrained folder instead.
+    from stitchsim_worker.engine.models.autoencoder import _expose_to_timm
+
+    if not timm.is_model("test_dinov2_embedder"):
+        _expose_to_timm("test_dinov2_embedder", _PooledDinov2)
+    torch.manual_seed(0)
+    ckpt = tmp_path / "dinov2.safetensors"
+    save_checkpoint(_PooledDinov2(), ckpt, "test_dinov2_embedder", {}, preprocess="none")
+    s = spec(ckpt, ckpt, objectives=["dm"], protocols=["standard"], controls=["identity"],
+             layers=layers("model.encoder.layer.0"), train=TINY)
+    report = run(s, tmp_path / "cache")
+    assert report.back.output == "embedding" and report.back.accuracy is None
+    (dm,) = rows(report, control="identity", objective="dm")
+    assert dm.agreement >= 0.99 and dm.hard_agreement >= 0.95
