@@ -200,6 +200,15 @@ def classless(report: Report) -> bool:
     return any(not kinds[k].classes for k in output_kinds(report) if k in kinds)
 
 
+def agreement_name(report: Report) -> str:
+    """What the agreement axis measures: "agreement", or the one non-logits kind's figure
+    ("cosine similarity", "1 - relative error")."""
+    kinds = [catalogue.OUTPUT_KINDS.get(k) for k in output_kinds(report)]
+    if len(kinds) == 1 and kinds[0] is not None and not kinds[0].classes:
+        return kinds[0].agreement
+    return "agreement"
+
+
 def has_psnr(report: Report) -> bool:
     return any(r.psnr is not None for r in [*report.results, *report.controls])
 

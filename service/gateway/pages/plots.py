@@ -299,7 +299,8 @@ def agreement_plot(report: Report, direction: Direction) -> Plot:
             series.extend(agreement_panel(ax, report, direction, objective, points))
             set_depth_axis(ax, points, direction)
             if k % cols == 0:
-                ax.set_ylabel(f"agreement with {view.end_model(report, direction)}, 0–1")
+                ax.set_ylabel(f"{view.agreement_name(report)} with "
+                              f"{view.end_model(report, direction)}, 0–1")
         for k in range(len(objectives), nrows * cols):
             axes[k // cols][k % cols].set_visible(False)
         fig.suptitle(view.direction_title(report, direction))
