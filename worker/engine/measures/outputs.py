@@ -11,7 +11,6 @@ called and its flags are its catalogue entry's (stitchsim.catalogue.OUTPUT_KINDS
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -161,8 +160,3 @@ register_output(OutputEntry(
     name="image", score=_score_image, match=_relative_squared_error,
     detect=lambda shape, classes: len(shape) == 3 and min(shape[1:]) > 1,
 ))
-
-
-def finite(value: float) -> float:
-    """A figure as JSON can carry it (no inf, no nan)."""
-    return value if math.isfinite(value) else 0.0
