@@ -85,6 +85,9 @@ class ObjectiveEntry(Entry):
     """In a spec that names no objectives."""
     needs_labels: bool = False
     """It trains on the dataset's class labels (hlm): an unlabelled dataset cannot run it."""
+    needs_classes: bool = False
+    """It reads the stitched model's outputs as class scores (hlm): a back model whose output
+    kind has no classes (an embedding, an image) cannot train with it."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,8 @@ class ControlEntry(Entry):
     paints_cues: bool = False
     """It paints the unseen cues (control_settings.cues): its rows carry a cue."""
     needs_labels: bool = False
-    """It is built from the dataset's class labels: an unlabelled dataset cannot run it."""
+    """It is built from the dataset's class labels and has no pseudo-classes to fall back on:
+    an unlabelled dataset cannot run it."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +153,18 @@ class ModelSourceEntry(Entry):
 class OutputKindEntry(Entry):
     needs_labels: bool = True
     """Its agreement or training needs class labels (logits); else labels are optional."""
+    classes: bool = True
+    """Its outputs are class scores: the model has an accuracy, a stitched model has a
+    stitching penalty and an error consistency, and class-label objectives apply."""
+    agreement: str = "agreement"
+    """What its agreement figure is called (the page's and table's column, the plot's axis)."""
+    hard_agreement: str = "hard agreement"
+    """What its second agreement figure (hard_agreement in a row) is called."""
+    psnr: bool = False
+    """Its rows carry a peak signal-to-noise ratio (psnr) beside the agreement."""
+    grid: bool = False
+    """Its outputs are pictures: the report shows samples of them (inputs, the back model's
+    outputs, the stitched model's) as an image grid."""
 
 
 @dataclass(frozen=True)
@@ -253,10 +269,11 @@ OBJECTIVES: Kind[ObjectiveEntry] = Kind("objective", (
     ObjectiveEntry(
         "hlm", "hard-label matching (hlm)", "cross-entropy of the stitched model against the "
         "labels", short="hlm", style=PlotStyle(BLUE, "-", "o"), labels_only=True,
-        needs_labels=True),
+        needs_labels=True, needs_classes=True),
     ObjectiveEntry(
         "slm", "soft-label matching (slm)", "KL divergence from the back model's softmax to "
-        "the stitched model's (temperature 1)", short="slm",
+        "the stitched model's (temperature 1); for a back model whose output is an embedding "
+        "or an image, its output kind's output matching", short="slm",
         style=PlotStyle(VERMILLION, "--", "s"), default=True),
     ObjectiveEntry(
         "dm", "direct matching (dm)", "relative distance to the back model's tensor at the "
@@ -297,8 +314,9 @@ CONTROLS: Kind[ControlEntry] = Kind("control", (
     ControlEntry(
         "clustered_noise", "clustered noise", "one noise centre per class fed through T into "
         "the back model: the accuracy a representation with nothing but class clusters "
-        "reaches (the floor)", short="noise floor",
-        band=BandStyle(GREY, "clustered-noise floor", hatch="///"), needs_labels=True),
+        "reaches (the floor); on data without labels the classes are pseudo-classes (k-means "
+        "of the back model's outputs)", short="noise floor",
+        band=BandStyle(GREY, "clustered-noise floor", hatch="///")),
     ControlEntry(
         "identity", "identity", "the back model stitched into itself at the same point: "
         "agreement near 1 is the ceiling and a sanity check", short="ceiling",
@@ -306,8 +324,9 @@ CONTROLS: Kind[ControlEntry] = Kind("control", (
     ControlEntry(
         "shortcut", "unseen cues", "class markers neither model saw, painted onto the "
         "stitch-training inputs: agreement that falls when the markers are rolled by one "
-        "class was bought by the marker (excessive agreement)", short="unseen cues",
-        paints_cues=True, needs_labels=True),
+        "class was bought by the marker (excessive agreement); on data without labels the "
+        "classes are pseudo-classes (k-means of the back model's outputs)",
+        short="unseen cues", paints_cues=True),
 ))
 
 CUES: Kind[Entry] = Kind("cue", (
@@ -371,7 +390,21 @@ MODEL_SOURCES: Kind[ModelSourceEntry] = Kind("model source", (
 OUTPUT_KINDS: Kind[OutputKindEntry] = Kind("output kind", (
     OutputKindEntry(
         "logits", "logits", "a classifier's class scores: agreement of the softmaxes, hard "
-        "agreement, accuracy and error consistency"),
+        "agreement, accuracy and error consistency; trained by the objectives as they are"),
+    OutputKindEntry(
+        "embedding", "embedding", "a vector per input (timm with num_classes=0, a pooled "
+        "encoder output): agreement is the mean cosine similarity of the stitched and the back "
+        "model's outputs, hard agreement the nearest-neighbour retrieval agreement (the "
+        "stitched output's nearest back-model output on the test split is its own input's); "
+        "slm trains by output matching (1 - cosine)", needs_labels=False, classes=False,
+        agreement="cosine similarity", hard_agreement="retrieval agreement"),
+    OutputKindEntry(
+        "image", "image", "an image per input (an autoencoder, image-to-image): agreement is "
+        "1 - the relative reconstruction error against the back model's own output (per "
+        "sample, at least 0), with the PSNR beside it and nearest-neighbour retrieval "
+        "agreement as hard agreement; slm trains by output matching (relative squared error)",
+        needs_labels=False, classes=False, agreement="1 - relative error",
+        hard_agreement="retrieval agreement", psnr=True, grid=True),
 ))
 
 _IMAGE_PACKAGES = ("numpy", "PIL")

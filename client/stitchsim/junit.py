@@ -109,8 +109,8 @@ def _suite(name: str, report: Report | None, time_s: float | None) -> tuple[ET.E
             ("job_id", report.job_id),
             ("front_checkpoint", report.front.checkpoint),
             ("back_checkpoint", report.back.checkpoint),
-            ("front_accuracy", f"{report.front.accuracy:.4f}"),
-            ("back_accuracy", f"{report.back.accuracy:.4f}"),
+            ("front_accuracy", _four(report.front.accuracy)),
+            ("back_accuracy", _four(report.back.accuracy)),
             ("similarity", f"{s.similarity:.4f}"),
             ("similarity_protocol", s.similarity_protocol),
             ("threshold", s.threshold),
@@ -121,6 +121,11 @@ def _suite(name: str, report: Report | None, time_s: float | None) -> tuple[ET.E
             if value is not None:
                 ET.SubElement(props, "property", name=key, value=str(value))
     return root, suite
+
+
+def _four(value: float | None) -> str | None:
+    """A figure to four places; None (a model without classes has no accuracy) stays out."""
+    return None if value is None else f"{value:.4f}"
 
 
 def _finish(root: ET.Element, *, tests: int, failures: int, errors: int) -> None:
@@ -142,8 +147,11 @@ def _breakdown(report: Report, fig: ComparedFigure) -> str:
         lo, hi = p.agreement_ci
         lines.append(
             f"{p.objective} {p.front_layer} -> {p.back_layer}: agreement {p.agreement:.4f} "
-            f"[{lo:.4f}, {hi:.4f}], hard agreement {p.hard_agreement:.4f}, "
-            f"accuracy {p.accuracy:.4f}, stitching penalty {p.stitching_penalty:+.4f}"
+            f"[{lo:.4f}, {hi:.4f}], hard agreement {p.hard_agreement:.4f}"
+            + (f", accuracy {p.accuracy:.4f}" if p.accuracy is not None else "")
+            + (f", stitching penalty {p.stitching_penalty:+.4f}"
+               if p.stitching_penalty is not None else "")
+            + (f", PSNR {p.psnr:.2f} dB" if p.psnr is not None else "")
         )
     return "\n".join(lines)
 

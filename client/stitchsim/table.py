@@ -31,7 +31,7 @@ def _clean(text: str, limit: int = MAX_NAME) -> str:
     return safe[: (keep + 1) // 2] + "..." + safe[len(safe) - keep // 2 :]
 
 
-def _with_ci(value: float, ci: Sequence[float]) -> str:
+def _with_ci(value: float | None, ci: Sequence[float] | None) -> str:
     return f"{fmt(value)} {view.fmt_ci(ci)}"
 
 
@@ -163,7 +163,9 @@ def verdict_line(report: Report) -> str:
 def _model_lines(role: str, report: Report) -> list[str]:
     m = report.front if role == "front" else report.back
     chance = "  AT CHANCE" if m.near_chance else ""
-    lines = [f"{role}: {_clean(m.arch)}  accuracy {_with_ci(m.accuracy, m.accuracy_ci)}  "
+    scored = (f"accuracy {_with_ci(m.accuracy, m.accuracy_ci)}" if m.accuracy is not None
+              else f"output {view.output_text(m)}")
+    lines = [f"{role}: {_clean(m.arch)}  {scored}  "
              f"checkpoint {_clean(m.checkpoint, 24)}{chance}"]
     if m.preprocess is not None:
         lines.append(f"  input: {_clean(view.preprocess_text(m.preprocess), 500)}")

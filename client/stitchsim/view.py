@@ -189,6 +189,56 @@ def models(report: Report) -> list[tuple[str, ModelSummary]]:
     return [("front", report.front), ("back", report.back)]
 
 
+# ------------------------------------------------------------------ output kinds
+
+OUTPUT_SOURCE_LABEL: dict[str, str] = {
+    "spec": "set in the spec", "metadata": "from the checkpoint's metadata",
+    "detected": "detected from its output",
+}
+
+
+def output_text(m: ModelSummary) -> str:
+    """"image (from the checkpoint's metadata)": what a model outputs and how that is known."""
+    return (f"{catalogue.OUTPUT_KINDS.label(m.output)} "
+            f"({OUTPUT_SOURCE_LABEL.get(m.output_source, m.output_source)})")
+
+
+def output_kinds(report: Report) -> list[str]:
+    """The back models' output kinds among the rows, in catalogue order."""
+    return catalogue.OUTPUT_KINDS.ordered(r.output for r in [*report.results,
+                                                             *report.controls])
+
+
+def classless(report: Report) -> bool:
+    """Whether some row's back model has no classes (its accuracy columns are empty)."""
+    kinds = catalogue.OUTPUT_KINDS
+    return any(not kinds[k].classes for k in output_kinds(report) if k in kinds)
+
+
+def agreement_name(report: Report) -> str:
+    """What the agreement axis measures: "agreement", or the one non-logits kind's figure
+    ("cosine similarity", "1 - relative error")."""
+    kinds = [catalogue.OUTPUT_KINDS.get(k) for k in output_kinds(report)]
+    if len(kinds) == 1 and kinds[0] is not None and not kinds[0].classes:
+        return kinds[0].agreement
+    return "agreement"
+
+
+def has_psnr(report: Report) -> bool:
+    return any(r.psnr is not None for r in [*report.results, *report.controls])
+
+
+def output_readings(report: Report) -> list[str]:
+    """For each non-logits output kind in the report: what agreement and hard agreement are
+    (a sentence each, from the catalogue), so a figure is not read as a softmax agreement."""
+    kinds = catalogue.OUTPUT_KINDS
+    return [f"{kinds[k].label} outputs: agreement is the {kinds[k].agreement}, hard agreement "
+            f"the {kinds[k].hard_agreement}"
+            + (", with the PSNR beside them" if kinds[k].psnr else "")
+            + f" ({kinds[k].description})"
+            for k in output_kinds(report) if k in kinds and not kinds[k].classes]
+
+
 # ------------------------------------------------------------------ the engine's summary
 
 

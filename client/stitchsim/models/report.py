@@ -16,6 +16,7 @@ from stitchsim.models.vocabulary import (
     Measure,
     MeasureInput,
     Objective,
+    OutputKind,
     PreprocessSource,
     Protocol,
     Verdict,
@@ -52,6 +53,18 @@ class RobustStats(BaseModel):
     steps: int
 
 
+class ImageGrid(BaseModel):
+    """Sample outputs of an image model beside its inputs: one PNG, one row of samples per
+    label (the inputs, the back model's outputs on them, the target when it is not that
+    output, the stitched model's outputs)."""
+
+    labels: list[str] = Field(max_length=8)
+    samples: int = Field(ge=1, le=32)
+    width: int = Field(ge=1, le=4096, description="of the PNG, in pixels")
+    height: int = Field(ge=1, le=4096)
+    png: str = Field(max_length=400_000, description="base64 of the PNG")
+
+
 class ResultRow(BaseModel):
     direction: Direction
     front_layer: str
@@ -62,11 +75,23 @@ class ResultRow(BaseModel):
     agreement_ci: tuple[float, float]
     hard_agreement: float
     hard_agreement_ci: tuple[float, float]
-    accuracy: float
-    accuracy_ci: tuple[float, float]
-    stitching_penalty: float
-    error_consistency: float
-    error_consistency_ci: tuple[float, float]
+    accuracy: float | None = Field(
+        description="the stitched model's accuracy; null when the back model's output kind "
+        "has no classes (an embedding, an image)")
+    accuracy_ci: tuple[float, float] | None
+    stitching_penalty: float | None
+    error_consistency: float | None
+    error_consistency_ci: tuple[float, float] | None
+    output: OutputKind = Field(
+        default="logits", description="the back model's output kind: what agreement and "
+        "hard_agreement measure (catalogue OUTPUT_KINDS)")
+    psnr: float | None = Field(
+        default=None, description="image outputs: mean PSNR (dB) of the stitched model's "
+        "output against the back model's, peak = the back model's output range")
+    psnr_ci: tuple[float, float] | None = None
+    grid: ImageGrid | None = Field(
+        default=None, description="image outputs: test inputs, the back model's outputs and "
+        "the stitched model's, side by side (the first objective of each stitch and protocol)")
     correct_agreement: float | None = Field(
         default=None, description="both right or both wrong (the paper's hard_agreement); "
         "hard_agreement here is the same predicted class")
@@ -135,8 +160,12 @@ class ModelSummary(BaseModel):
     checkpoint: str
     arch: str
     arch_kwargs: dict[str, Any] = {}
-    accuracy: float
-    accuracy_ci: tuple[float, float]
+    accuracy: float | None = Field(
+        description="test accuracy; null for a model whose output kind has no classes or on "
+        "an unlabelled dataset")
+    accuracy_ci: tuple[float, float] | None
+    output: OutputKind = Field(default="logits", description="what the model outputs")
+    output_source: Literal["spec", "metadata", "detected"] = "detected"
     input_size: int
     layers: list[str] = Field(default=[], description="stitch points used on this model")
     preprocess: PreprocessInfo | None = None

@@ -14,6 +14,7 @@ from stitchsim.models.vocabulary import (
     Directions,
     Measure,
     Objective,
+    OutputKind,
     Preprocessing,
     Protocol,
 )
@@ -49,6 +50,12 @@ class ModelRef(_Strict):
     )
     mean: tuple[float, float, float] | None = None
     std: tuple[float, float, float] | None = None
+    output: OutputKind | None = Field(
+        default=None,
+        description="what the model outputs: " + catalogue.OUTPUT_KINDS.describe() + ". "
+        "Else the checkpoint's metadata 'output', else detected: an image-shaped output is an "
+        "image, a vector from a model with classes (num_classes > 0) logits, else an embedding",
+    )
 
     @field_validator("arch")
     @classmethod

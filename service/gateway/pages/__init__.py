@@ -21,6 +21,7 @@ from stitchsim.models import JobStatus, Report
 from stitchsim_service.gateway.pages import sections
 from stitchsim_service.gateway.pages.html import document
 from stitchsim_service.gateway.pages.measures import measures_plot, measures_section
+from stitchsim_service.gateway.pages.outputs import outputs_section
 from stitchsim_service.gateway.pages.plots import agreement_plot, iri_plot
 from stitchsim_service.gateway.pages.progress import REFRESH_SECONDS, render_progress_page
 
@@ -40,6 +41,7 @@ def render_report_page(report: Report) -> str:
         sections.warnings_section(report),
         sections.notes_section(report),
         sections.models_section(report),
+        outputs_section(report),
         sections.summary_section(report),
         sections.agreement_section(report, agreement),
         measures_section(report, measured),

@@ -343,7 +343,8 @@ def agreement_plot(report: Report, direction: Direction) -> Plot:
             set_depth_axis(ax, points, direction,
                            endpoint=view.unstitched(report, direction) is not None)
             if k % cols == 0:
-                ax.set_ylabel(f"agreement with {view.end_model(report, direction)}, 0–1")
+                ax.set_ylabel(f"{view.agreement_name(report)} with "
+                              f"{view.end_model(report, direction)}, 0–1")
         for k in range(len(objectives), nrows * cols):
             axes[k // cols][k % cols].set_visible(False)
         fig.suptitle(view.direction_title(report, direction))

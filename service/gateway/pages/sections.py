@@ -136,7 +136,8 @@ def preprocess_section(report: Report) -> str:
 
 def models_section(report: Report) -> str:
     cols = [Col("model"), Col("architecture"), Col("checkpoint"), Col("input size", True),
-            Col("accuracy", True), Col("CI", True), Col("chance", True), Col("stitch points")]
+            Col("output"), Col("accuracy", True), Col("CI", True), Col("chance", True),
+            Col("stitch points")]
     rows = []
     for role, m in view.models(report):
         kwargs = ", ".join(f"{k}={v}" for k, v in m.arch_kwargs.items())
@@ -146,7 +147,7 @@ def models_section(report: Report) -> str:
             accuracy = f'<span class="bad">{accuracy} (at chance)</span>'
         rows.append([
             role, arch, f'<span class="mono">{esc(m.checkpoint)}</span>', str(m.input_size),
-            accuracy, fmt_ci(m.accuracy_ci),
+            esc(view.output_text(m)), accuracy, fmt_ci(m.accuracy_ci),
             fmt(m.chance_accuracy) if m.chance_accuracy is not None else "—",
             ", ".join(code(x) for x in m.layers) or "—",
         ])
@@ -312,6 +313,9 @@ def results_section(report: Report) -> str:
     robust = view.has_robust(report)
     if robust:
         cols.insert(9, Col("robust agr.", True))
+    psnr = view.has_psnr(report)
+    if psnr:
+        cols.insert(cols.index(Col("accuracy", True)), Col("PSNR dB", True))
 
     iri = catalogue.drop_protocols()[1]
 
@@ -325,7 +329,7 @@ def results_section(report: Report) -> str:
          PROTOCOLS.label(r.protocol), fmt(r.agreement), fmt_ci(r.agreement_ci),
          fmt(r.hard_agreement), fmt(r.correct_agreement), drop(r),
          *([view.robust_agreement(r)] if robust else []),
-         fmt(r.accuracy), fmt_signed(r.stitching_penalty),
+         *([fmt(r.psnr, 1)] if psnr else []), fmt(r.accuracy), fmt_signed(r.stitching_penalty),
          fmt(r.error_consistency), fmt(r.soft_kappa), fmt(r.train_loss, 4),
          fmt(r.seconds, 1), esc(r.stitch)]
         for r in report.results

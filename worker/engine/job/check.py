@@ -22,9 +22,8 @@ from stitchsim_worker.engine.job.context import EVAL_BATCH
 from stitchsim_worker.engine.job.costs import Sizes, size_factor
 from stitchsim_worker.engine.job.plan import job_plan, what_to_shrink
 from stitchsim_worker.engine.job.prepare import (
+    check_all,
     check_classes,
-    check_labels,
-    check_protocols,
     pair_points_of,
 )
 from stitchsim_worker.engine.models.loading import LoadedModel, meta_model
@@ -83,10 +82,9 @@ def check_spec(spec: Spec, *, resources: Resources) -> Checked:
     front_data = None
     if spec.front_dataset is not None:  # cross-task pairing: the front model's own task
         front_data = load_dataset(spec.front_dataset, resources, spec.train)
-    check_protocols(spec, data, front_data)
-    check_labels(spec, data, front_data)
     front = _network(spec, "front", resources, front_data or data)
     back = _network(spec, "back", resources, data)
+    check_all(spec, data, front_data, {"front": front.model.output, "back": back.model.output})
     activation = _check_activations(spec, (front, back), resources.max_activation_bytes)
     pairs = pair_points_of(spec, front, back)
     if not pairs:

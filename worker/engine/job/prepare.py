@@ -4,7 +4,7 @@ pairs. Everything here can fail on a user's mistake, with a Failure that says wh
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from stitchsim import catalogue
@@ -50,12 +50,21 @@ def _model(
     model = build_model(ref, path, ckpt_id, where=where, native_size=data.image_size)
     check_classes(model, data, where)
     model.net.to(device)
-    head = data.train.subset(MEASURE_SAMPLES)  # read from a file only as far as measured
-    model.choice = measure(model.choice, model.net, head.images, head.labels, device)
+    if OUTPUT_KINDS[model.output].classes and data.labelled:
+        head = data.train.subset(MEASURE_SAMPLES)  # read from a file only as far as measured
+        model.choice = measure(model.choice, model.net, head.images, head.labels, device)
+    elif model.choice.pending:
+        note = (f"not measured: the candidates are scored by accuracy, and this model's "
+                f"output is an {model.output}" if data.labelled else
+                "not measured: the candidates are scored by accuracy, and the dataset has no "
+                "labels")
+        model.choice = replace(model.choice, info=model.choice.info.model_copy(
+            update={"note": note}), pending=())
     return model, ckpt_id or f"sha256:{file_sha256(path)}"
 
 
-def check_protocols(spec: Spec, data: Dataset, front_data: Dataset | None) -> None:
+def check_protocols(spec: Spec, data: Dataset, front_data: Dataset | None,
+                    outputs: Outputs = None) -> None:
     """What the protocols need of the spec beyond its own validation (the protocols that pair
     two tasks: their catalogue entries need the front model's own dataset)."""
     pairing = catalogue.PROTOCOLS.where(needs_front_dataset=True)
@@ -71,12 +80,14 @@ def check_protocols(spec: Spec, data: Dataset, front_data: Dataset | None) -> No
     if not cross:
         return
     assert front_data is not None
-    labels_only = catalogue.OBJECTIVES.where(labels_only=True)
-    if any(o not in labels_only for o in spec.objectives):
+    allowed = cross_task_objectives(back_kinds(spec, outputs))
+    if any(o not in allowed for o in spec.objectives):
         raise Failure("invalid_spec",
                       f"{cross[0]} stitches models of different tasks, so no back-model "
-                      "output exists for the front model's inputs: it trains with hard "
-                      f"labels only; set objectives to {json.dumps(list(labels_only))}")
+                      "output exists for the front model's inputs: it trains towards the "
+                      "paired class (hard labels for a classifier, the back model's output on "
+                      "an image of the paired class otherwise); set objectives to "
+                      f"{json.dumps(list(allowed))}")
     if front_data.n_classes != data.n_classes:
         raise Failure("class_mismatch",
                       f"{cross[0]} pairs classes one to one, but front_dataset has "
@@ -87,29 +98,68 @@ def check_protocols(spec: Spec, data: Dataset, front_data: Dataset | None) -> No
                       f"have {data.n_classes}")
 
 
-_OUTPUT_KIND = OUTPUT_KINDS.entries[0]
-"""How every model's output is read until a spec names an output kind per model."""
+Outputs = dict[str, str] | None
+"""Each model's output kind by role ("front", "back"); None before the models are read (then
+every model counts as a classifier, the strictest reading)."""
 
 
-def labels_needed(spec: Spec) -> list[str]:
+def back_kinds(spec: Spec, outputs: Outputs) -> list[str]:
+    """The output kinds of the models that sit behind a stitch in the spec's directions: the
+    kinds whose figures and targets the job reads."""
+    roles = ["back" if d == "front_to_back" else "front" for d in spec.direction_list()]
+    return list(dict.fromkeys((outputs or {}).get(r, "logits") for r in roles))
+
+
+def cross_task_objectives(kinds: list[str]) -> tuple[str, ...]:
+    """What cross-task pairing can train with: hard labels for classifiers; for other kinds,
+    the objectives that match the back model's output (or its tensor at the stitch point) on a
+    paired-class image, which need no classes and no later tensors."""
+    objectives = catalogue.OBJECTIVES
+    if any(OUTPUT_KINDS[k].classes for k in kinds):
+        return objectives.where(labels_only=True)
+    return tuple(o.name for o in objectives
+                 if not o.needs_classes and not o.aligns_later_points)
+
+
+def check_outputs(spec: Spec, outputs: dict[str, str]) -> None:
+    """What the back models' output kinds allow: class-score objectives, attacks and robust
+    evaluation read class scores, so a back model without classes cannot run them."""
+    classless = [k for k in back_kinds(spec, outputs) if not OUTPUT_KINDS[k].classes]
+    if not classless:
+        return
+    kind = OUTPUT_KINDS[classless[0]].label
+    wrong = [f"objective {o}" for o in spec.objectives if OBJECTIVES[o].needs_classes]
+    wrong += [f"protocol {p}" for p in spec.protocols if PROTOCOLS[p].attacks]
+    if spec.adversarial.evaluate:
+        wrong.append("adversarial.evaluate")
+    if wrong:
+        raise Failure("invalid_spec",
+                      f"a back model's output is an {kind}, not class scores, and "
+                      f"{'; '.join(wrong)} read class scores; drop them (slm matches an "
+                      f"{kind} by its output kind's own measure)",
+                      {"output": classless[0], "not_allowed": wrong})
+
+
+def labels_needed(spec: Spec, outputs: Outputs = None) -> list[str]:
     """What in this spec reads class labels, by the catalogue's flags: the one place that
     decides whether an unlabelled dataset can run."""
     needs = []
-    if _OUTPUT_KIND.needs_labels:
-        needs.append(f"{_OUTPUT_KIND.label} outputs (their accuracy, stitching penalty and "
-                     "error consistency)")
+    for kind in back_kinds(spec, outputs):
+        if OUTPUT_KINDS[kind].needs_labels:
+            needs.append(f"{OUTPUT_KINDS[kind].label} outputs (their accuracy, stitching "
+                         "penalty and error consistency)")
     needs += [f"objective {n}" for n in spec.objectives if OBJECTIVES[n].needs_labels]
     needs += [f"protocol {n}" for n in spec.protocols if PROTOCOLS[n].needs_labels]
     needs += [f"control {n}" for n in spec.controls if CONTROLS[n].needs_labels]
     return needs
 
 
-def check_labels(spec: Spec, *datasets: Dataset | None) -> None:
+def check_labels(spec: Spec, *datasets: Dataset | None, outputs: Outputs = None) -> None:
     """Unlabelled data run where no figure needs labels; elsewhere a 422 naming what does."""
     for data in datasets:
         if data is None or data.labelled:
             continue
-        needs = labels_needed(spec)
+        needs = labels_needed(spec, outputs)
         if needs:
             raise Failure(
                 "labels_needed",
@@ -119,8 +169,16 @@ def check_labels(spec: Spec, *datasets: Dataset | None) -> None:
                 {"dataset": data.name, "needed_by": needs})
 
 
+def check_all(spec: Spec, data: Dataset, front_data: Dataset | None,
+              outputs: dict[str, str]) -> None:
+    """Every check of the spec against its data and its models' output kinds."""
+    check_outputs(spec, outputs)
+    check_protocols(spec, data, front_data, outputs)
+    check_labels(spec, data, front_data, outputs=outputs)
+
+
 def check_classes(model: LoadedModel, data: Dataset, where: str) -> None:
-    if model.num_classes < data.n_classes:
+    if OUTPUT_KINDS[model.output].classes and model.num_classes < data.n_classes:
         raise Failure("class_mismatch",
                       f"{where}: the model has {model.num_classes} outputs but the dataset has "
                       f"{data.n_classes} classes")
@@ -157,8 +215,6 @@ def prepare(
     front_data = None
     if spec.front_dataset is not None:
         front_data = load_dataset(spec.front_dataset, resources, spec.train)
-    check_protocols(spec, data, front_data)
-    check_labels(spec, data, front_data)
     own = {"front": front_data or data, "back": data}
     networks, ids = {}, {}
     for where in ("front", "back"):
@@ -167,6 +223,7 @@ def prepare(
         networks[where] = Network(model, own[where].image_size, device, where)
         ids[where] = _identity(model, ckpt)
     check_cancel()
+    check_all(spec, data, front_data, {w: networks[w].model.output for w in networks})
     front, back = networks["front"], networks["back"]
     pairing = None
     if front_data is not None:

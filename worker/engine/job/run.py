@@ -8,8 +8,11 @@ import platform
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import timm
 import torch
+from stitchsim import catalogue
+from stitchsim.catalogue import OUTPUT_KINDS
 from stitchsim.models import (
     Direction,
     ModelSummary,
@@ -107,19 +110,25 @@ def _model_summary(
     ctx: JobContext, net: Network, points: list[str]
 ) -> ModelSummary:
     data, seed = ctx.prep.data_of(net), ctx.spec.train.seed
-    acc, ci = accuracy_with_ci(ctx.own_test_logits[net.where].all(), data.test.labels, seed)
-    chance = 1.0 / data.n_classes
+    # A model without classes, or data without labels, has no accuracy to state.
+    scored = OUTPUT_KINDS[net.output].classes and data.labelled
+    acc, ci = (accuracy_with_ci(ctx.own_test_logits[net.where].all(), data.test.labels, seed)
+               if scored else (None, None))
+    chance = 1.0 / data.n_classes if scored else None
     summary = ModelSummary(
         checkpoint=str(ctx.identity(net)["checkpoint"]),
         arch=net.model.arch,
         arch_kwargs=net.model.arch_kwargs,
         accuracy=acc,
         accuracy_ci=ci,
+        output=net.output,
+        output_source=net.model.output_source,  # type: ignore[arg-type]
         input_size=net.preprocess.input_size,
         layers=points,
         preprocess=net.model.choice.info,
         chance_accuracy=chance,
-        near_chance=near_chance(acc, ci, chance),
+        near_chance=(acc is not None and ci is not None and chance is not None
+                     and near_chance(acc, ci, chance)),
     )
     warning = chance_warning(summary, net.where, str(data.describe()["id"]))
     return summary.model_copy(update={"chance_warning": warning})
@@ -164,22 +173,48 @@ def _report(ran: Ran) -> Report:
         verdict_reason=reason,
         verdict_caveats=verdict_caveats(summary, results),
         warnings=ctx.warnings,
-        notes=_notes(spec, prep),
+        notes=_notes(spec, prep, ran),
         environment=_environment(ran.device, ran.tracker, spec.train.seed, ran.seconds),
     )
 
 
-def _notes(spec: Spec, prep: Prepared) -> list[str]:
+def _notes(spec: Spec, prep: Prepared, ran: Ran) -> list[str]:
     if prep.front_data is None:
         return []
     pairing = "by index" if spec.class_pairing is None else f"as given ({spec.class_pairing})"
-    return [
+    notes = [
         f"cross-task pairing: the front model's task is {prep.front_data.name}, the back "
         f"model's {prep.data.name}; classes are paired {pairing}. A high cross_task accuracy "
         "says the representations are compatible (a linear map makes one serve the other's "
         "head), not that they mean the same: read it against the clustered-noise floor, the "
         "accuracy that mere class clusters reach (Functional Alignment Can Mislead)."
     ]
+    return notes + [n for d in spec.direction_list()
+                    if (n := _classless_cross_task_note(ran, d)) is not None]
+
+
+def _classless_cross_task_note(ran: Ran, direction: str) -> str | None:
+    """Cross-task pairing into a model without classes (an autoencoder's decoder): its figure
+    beside the clustered-noise floor, in words."""
+    cross = catalogue.PROTOCOLS.where(needs_front_dataset=True)
+    rows = [r for r in ran.results if r.protocol in cross and r.direction == direction
+            and not OUTPUT_KINDS[r.output].classes]
+    if not rows:
+        return None
+    kind = OUTPUT_KINDS[rows[0].output]
+    floor = [c.agreement for c in ran.controls
+             if c.control == "clustered_noise" and c.direction == direction]
+    beside = (f"; the clustered-noise floor (class-clustered noise through the same stitch) "
+              f"reaches {float(np.mean(floor)):.3f}" if floor else "")
+    return (
+        f"{direction}: cross-task stitching into a model whose output is an {kind.label}: "
+        f"the stitch was trained to make the back model's output on an image of the paired "
+        f"class from the front model's own inputs, and reaches a mean {kind.agreement} of "
+        f"{float(np.mean([r.agreement for r in rows])):.3f}{beside}. This measures "
+        "compatibility (the front model's code can drive the back model's decoder, which "
+        "then draws its own task from the other task's inputs, as the grid shows), not "
+        "shared meaning: a figure near the floor needs no more than class clusters."
+    )
 
 
 def _environment(device: torch.device, tracker: Tracker, seed: int, seconds: float) -> dict:

@@ -10,8 +10,11 @@ from typing import Any
 import timm
 import torch
 from safetensors import SafetensorError, safe_open
+from stitchsim.catalogue import OUTPUT_KINDS
 from stitchsim.failure import Failure
 from stitchsim.models import ModelRef
+from stitchsim_worker.engine.measures.outputs import detect_kind
+from stitchsim_worker.engine.models import autoencoder as _autoencoder  # noqa: F401 - registers it
 from stitchsim_worker.engine.models.preprocess import (
     Choice,
     Preprocess,
@@ -35,6 +38,9 @@ class LoadedModel:
     num_classes: int
     num_prefix_tokens: int = 0
     output_fmt: str = "NCHW"
+    output: str = "logits"
+    """Its output kind (catalogue OUTPUT_KINDS): how its outputs are scored and matched."""
+    output_source: str = "detected"
 
     @property
     def preprocess(self) -> Preprocess:
@@ -150,11 +156,9 @@ def _fixed_input_size(net: nn.Module) -> int | None:
 
 
 def _num_classes(net: nn.Module) -> int:
+    """Its classes; 0 for a model without a classifier head (an embedder, an autoencoder)."""
     n = getattr(net, "num_classes", None)
-    if not n:
-        raise Failure("invalid_spec",
-                      "the model has no classifier head (num_classes=0); stitching needs logits")
-    return int(n)
+    return int(n) if isinstance(n, int) else 0
 
 
 def _choice(
@@ -165,9 +169,13 @@ def _choice(
 
 
 def _loaded(
-    net: nn.Module, arch: str, kwargs: dict[str, Any], checkpoint: str, choice: Choice
+    net: nn.Module, arch: str, kwargs: dict[str, Any], checkpoint: str, choice: Choice,
+    given: tuple[str | None, str] = (None, "detected"),
 ) -> LoadedModel:
     net.eval().requires_grad_(False)
+    kind, source = given
+    if kind is None:
+        kind = detect_output(net, choice.preprocess.input_size, arch)
     return LoadedModel(
         net=net,
         arch=arch,
@@ -177,7 +185,50 @@ def _loaded(
         num_classes=_num_classes(net),
         num_prefix_tokens=int(getattr(net, "num_prefix_tokens", 0) or 0),
         output_fmt=str(getattr(net, "output_fmt", "NCHW")),
+        output=kind,
+        output_source=source,
     )
+
+
+def given_output(ref: ModelRef, meta: dict[str, str], where: str) -> tuple[str | None, str]:
+    """The output kind the spec gives, else the checkpoint's metadata 'output'; (None,
+    "detected") when neither does."""
+    if ref.output is not None:
+        return ref.output, "spec"
+    kind = meta.get("output")
+    if kind is None:
+        return None, "detected"
+    if kind not in OUTPUT_KINDS:
+        raise Failure("invalid_checkpoint",
+                      f"{where}: the checkpoint's metadata 'output' is {kind!r}; one of "
+                      f"{', '.join(OUTPUT_KINDS.names)}")
+    return kind, "metadata"
+
+
+def detect_output(net: nn.Module, size: int, arch: str) -> str:
+    """The output kind of one sample's output (on the meta device for a meta model). A model
+    with classes whose forward cannot run here is read as logits, as before output kinds:
+    Network reports why it does not run."""
+    classes = _num_classes(net)
+    device = next(iter(net.parameters()), torch.empty(0)).device
+    try:
+        with torch.no_grad():
+            out = net(torch.zeros(1, 3, size, size, device=device))
+    except Exception as e:  # noqa: BLE001 - any failure: the model does not run on this input
+        if classes > 0:
+            return "logits"
+        raise Failure("invalid_input_size",
+                      f"{arch} does not run on {size}px inputs ({e}); set input_size") from e
+    if not isinstance(out, torch.Tensor):
+        raise Failure("invalid_spec",
+                      f"{arch} returns {type(out).__name__}, not one tensor: set output or "
+                      "pick a model whose forward returns its output tensor")
+    try:
+        return detect_kind(tuple(out.shape[1:]), classes)
+    except ValueError as e:
+        raise Failure("invalid_spec",
+                      f"{arch}: {e}; set output to one of {', '.join(OUTPUT_KINDS.names)}"
+                      ) from e
 
 
 def random_model(arch: str, kwargs: dict[str, Any], native_size: int = 32) -> LoadedModel:
@@ -199,7 +250,8 @@ def build_model(
     _check_fit(net, {k: tuple(v.shape) for k, v in sd.items()}, arch, kwargs, where)
     net.load_state_dict(sd, strict=True)
     choice = _choice(ref, meta, net, native_size, where)
-    return _loaded(net, arch, kwargs, checkpoint_id or path.name, choice)
+    return _loaded(net, arch, kwargs, checkpoint_id or path.name, choice,
+                   given_output(ref, meta, where))
 
 
 def meta_model(ref: ModelRef, path: Path, *, where: str, native_size: int) -> LoadedModel:
@@ -212,12 +264,16 @@ def meta_model(ref: ModelRef, path: Path, *, where: str, native_size: int) -> Lo
         net = _create(arch, kwargs, where)
     _check_fit(net, _strip_wrapper_prefix(_read(path, where, shapes_only=True)), arch, kwargs,
                where)
-    return _loaded(net, arch, kwargs, path.name, _choice(ref, meta, net, native_size, where))
+    return _loaded(net, arch, kwargs, path.name, _choice(ref, meta, net, native_size, where),
+                   given_output(ref, meta, where))
 
 
-def save_checkpoint(net: nn.Module, path: Path, arch: str, arch_kwargs: dict[str, Any]) -> None:
-    """Write a checkpoint the way a user would: safetensors with arch metadata."""
+def save_checkpoint(net: nn.Module, path: Path, arch: str, arch_kwargs: dict[str, Any],
+                    **extra: str) -> None:
+    """Write a checkpoint the way a user would: safetensors with arch metadata (and any
+    further metadata keys, e.g. preprocess or output)."""
     from safetensors.torch import save_file
 
     sd = {k: v.detach().contiguous().clone() for k, v in net.state_dict().items()}
-    save_file(sd, str(path), metadata={"arch": arch, "arch_kwargs": json.dumps(arch_kwargs)})
+    save_file(sd, str(path),
+              metadata={"arch": arch, "arch_kwargs": json.dumps(arch_kwargs), **extra})

@@ -60,6 +60,11 @@ class Network:
         self._probes: dict[tuple[str, ...], Callable[[torch.Tensor], tuple]] = {}
         self._backs: dict[str, tuple[BackPart, list[str]]] = {}
 
+    @property
+    def output(self) -> str:
+        """Its output kind (catalogue OUTPUT_KINDS): how a stitch into it is scored."""
+        return self.model.output
+
     # ------------------------------------------------------------------ points
 
     @property

@@ -12,6 +12,7 @@ import timm
 import torch
 import torch.nn.functional as F
 from stitchsim_worker.engine.data.datasets import builtin
+from stitchsim_worker.engine.models.autoencoder import AUTOENCODER, ConvAutoencoder
 from stitchsim_worker.engine.models.loading import save_checkpoint
 
 # (model on pixels, pixels, labels) -> pixels to train on
@@ -70,3 +71,43 @@ def make_checkpoint(path: Path, arch: str, dataset: str = "digits", **kwargs: An
         json.dumps({"arch": arch, "dataset": dataset, "test_accuracy": acc})
     )
     return acc
+
+
+def train_autoencoder(
+    dataset: str = "digits", *, arch_kwargs: dict[str, Any] | None = None, epochs: int = 15,
+    seed: int = 0, lr: float = 3e-3, batch_size: int = 64,
+) -> tuple[torch.nn.Module, float]:
+    """The conv autoencoder trained from scratch to reconstruct a built-in set's images (plain
+    [0,1] pixels in and out); returns the model (eval mode) and its test relative error."""
+    torch.manual_seed(seed)
+    net = ConvAutoencoder(**(arch_kwargs or {}))
+    pixels = builtin(dataset).train.images
+    opt = torch.optim.AdamW(net.parameters(), lr=lr, weight_decay=1e-4)
+    steps = epochs * ((len(pixels) + batch_size - 1) // batch_size)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
+    g = torch.Generator().manual_seed(seed)
+    net.train()
+    for _ in range(epochs):
+        for idx in torch.randperm(len(pixels), generator=g).split(batch_size):
+            loss = F.mse_loss(net(pixels[idx]), pixels[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+    net.eval()
+    test = builtin(dataset).test.images
+    with torch.no_grad():
+        error = torch.linalg.vector_norm(net(test) - test) / torch.linalg.vector_norm(test)
+    return net, float(error)
+
+
+def make_autoencoder_checkpoint(path: Path, dataset: str = "digits", **kwargs: Any) -> float:
+    """Train the autoencoder and save it as a user would: safetensors whose metadata names the
+    architecture, its plain-pixel preprocessing and its output kind."""
+    arch_kwargs = kwargs.pop("arch_kwargs", {})
+    net, error = train_autoencoder(dataset, arch_kwargs=arch_kwargs, **kwargs)
+    save_checkpoint(net, path, AUTOENCODER, arch_kwargs, preprocess="none", output="image")
+    path.with_suffix(".json").write_text(
+        json.dumps({"arch": AUTOENCODER, "dataset": dataset, "test_relative_error": error})
+    )
+    return error

@@ -17,6 +17,7 @@ from stitchsim_worker.engine.data.datasets import clustered_noise
 from stitchsim_worker.engine.job.context import EVAL_BATCH, JobContext
 from stitchsim_worker.engine.job.costs import Sizes, fit_units, passes, rows_units, test_split_units
 from stitchsim_worker.engine.job.progress import Units
+from stitchsim_worker.engine.measures.pseudo import pseudo_classes
 from stitchsim_worker.engine.protocols.cues import CUES
 from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.stitching.activations import (
@@ -74,13 +75,14 @@ def _clustered_noise(ctx: JobContext, direction: Direction) -> list[ResultRow]:
         real_train = train_split(ctx, cut, ctx.train_pixels, data.train.labels,
                                  alignment_points(ctx, cut))
         real_test = test_split(ctx, cut)
+        classes = _classes(ctx, real_train.back_logits.all(), real_test.back_logits.all())
         shape = cut.g.shapes[cut.j]
         for sigma in spec.control_settings.noise_sigmas:
             train, test = (
                 split_with_inputs(real, ctx.bank(
-                    clustered_noise(real.labels, shape, sigma, centres_seed, noise_seed)))
-                for real, noise_seed in ((real_train, _NOISE_TRAIN_SEED),
-                                         (real_test, _NOISE_TEST_SEED))
+                    clustered_noise(labels, shape, sigma, centres_seed, noise_seed)))
+                for real, labels, noise_seed in ((real_train, classes[0], _NOISE_TRAIN_SEED),
+                                                 (real_test, classes[1], _NOISE_TEST_SEED))
             )
             for objective in spec.objectives:
                 result = fit(ctx, cut, objective, train, [test])
@@ -88,6 +90,16 @@ def _clustered_noise(ctx: JobContext, direction: Direction) -> list[ResultRow]:
                 rows.append(make_row(ctx, cut, objective, _BASELINE, result.on(0), test,
                                      result, control="clustered_noise", sigma=sigma))
     return rows
+
+
+def _classes(ctx: JobContext, train_out: torch.Tensor, test_out: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The classes a control is built from: the labels, or on data without labels the
+    pseudo-classes of the back model's outputs (k-means)."""
+    data = ctx.prep.data
+    if data.labelled:
+        return data.train.labels, data.test.labels
+    return pseudo_classes(train_out, test_out, ctx.spec.train.seed)
 
 
 def _clustered_noise_cost(spec: Spec, sizes: Sizes) -> Units:
@@ -132,19 +144,25 @@ def _shortcut(ctx: JobContext, direction: Direction) -> list[ResultRow]:
     """Each unseen cue painted onto the stitch-training inputs; at test time the right cues
     versus cues rolled by one class. Agreement that follows the cue is excessive agreement."""
     data, settings = ctx.prep.data, ctx.spec.control_settings
-    k, side = data.n_classes, settings.shortcut_marker
+    side = settings.shortcut_marker
+    train_y, test_y, k, pseudo = data.train.labels, data.test.labels, data.n_classes, ""
+    if not data.labelled:  # pseudo-classes of this direction's back model
+        g_net = ctx.networks(direction)[1]
+        (train_out,) = ctx.compute(ctx.train_pixels, lambda x: (g_net.logits(x),))
+        train_y, test_y = _classes(ctx, train_out.all(), ctx.test_logits[g_net.where].all())
+        k, pseudo = int(max(train_y.max(), test_y.max())) + 1, f":pseudo:{g_net.where}"
     rows = []
     for name in settings.cues:
         cue = CUES[name]
         seed = ctx.spec.train.seed + _CUE_SEED_OFFSET
         g = torch.Generator().manual_seed(seed)
         # Marked copies of the splits the job uses (their size, not the file's).
-        train_x = cue.mark(data.train.images, data.train.labels, k, side, g)
+        train_x = cue.mark(data.train.images, train_y, k, side, g)
         test_x = data.test.images
-        right_x = cue.mark(test_x, data.test.labels, k, side, g)
-        rolled_x = cue.mark(test_x, (data.test.labels + 1) % k, k, side, g)
+        right_x = cue.mark(test_x, test_y, k, side, g)
+        rolled_x = cue.mark(test_x, (test_y + 1) % k, k, side, g)
         inputs = InputSet(ctx.bank(train_x), data.train.labels,
-                          f"{data.digest}|cue:{name}:{side}:{seed}")
+                          f"{data.digest}|cue:{name}:{side}:{seed}{pseudo}")
         for cut in ctx.cuts(direction):
             ctx.tracker.enter(f"control shortcut {name} {cut.label}")
             tests = [images_split(ctx, cut, x, data.test.labels) for x in (right_x, rolled_x)]

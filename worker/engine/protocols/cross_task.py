@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from stitchsim.catalogue import OUTPUT_KINDS
 from stitchsim.failure import Failure
 from stitchsim.models import IRIStats
 from stitchsim_worker.engine.job.context import Cut, JobContext
@@ -53,15 +54,28 @@ def _cross_task_train(
     (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
     # T's least-squares start maps the front model's view of its own images to the back
     # model's tensor on images of the paired class.
-    _, feat = ctx.compute(partners, lambda x: (*probe(x),))
-    k = int(cut.g.model.num_classes)
-    return Split(inputs, labels, _one_hot_logits(ctx, labels, k), [feat], partners), None
+    out, feat = ctx.compute(partners, lambda x: (*probe(x),))
+    return Split(inputs, labels, _targets(ctx, cut, labels, out), [feat], partners), None
+
+
+def _targets(ctx: JobContext, cut: Cut, labels: torch.Tensor, partner_out: Bank) -> Bank:
+    """What the stitched model is held to: the paired labels as one-hot "predictions" for a
+    classifier; for a model without classes (an autoencoder, an embedder) its own output on
+    the paired-class image (an autoencoder stitched across tasks must draw the back task's
+    class from the front task's input: Functional Alignment Can Mislead's digits from
+    clothes)."""
+    if OUTPUT_KINDS[cut.g.output].classes:
+        return _one_hot_logits(ctx, labels, int(cut.g.model.num_classes))
+    return partner_out
 
 
 def _cross_task_test(ctx: JobContext, cut: Cut) -> Split:
     labels, pixels, partners = _paired(ctx, cut, "test")
     front = cut.f.front(cut.i)
     (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
+    if not OUTPUT_KINDS[cut.g.output].classes:
+        (out,) = ctx.compute(partners, lambda x: (cut.g.logits(x),))
+        return Split(inputs, labels, out, [], partners, front_pixels=pixels)
     own = ctx.prep.data_of(cut.g).test
     g_right = ctx.own_test_logits[cut.g.where].all().argmax(-1) == own.labels
     k = int(cut.g.model.num_classes)

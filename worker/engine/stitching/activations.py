@@ -25,6 +25,9 @@ class Split:
     # The back model's accuracy to set the stitched one against, when back_logits are not
     # its own predictions (cross-task pairing: they are the paired labels).
     back_accuracy: float | None = None
+    # The images the front part saw, when they are not `pixels` (cross-task pairing: pixels
+    # are the back task's paired-class images, these the front task's own).
+    front_pixels: Bank | None = None
 
     def __len__(self) -> int:
         return self.inputs.n

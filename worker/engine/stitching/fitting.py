@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from stitchsim import catalogue
 from stitchsim.models import Control, Objective, Protocol, ResultRow, RobustStats
 from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
-from stitchsim_worker.engine.measures.metrics import Figures, evaluate, seed_interval
+from stitchsim_worker.engine.measures.grids import image_grid
+from stitchsim_worker.engine.measures.metrics import evaluate, seed_interval
+from stitchsim_worker.engine.measures.outputs import OUTPUTS
 from stitchsim_worker.engine.models.cutting import BackPart
 from stitchsim_worker.engine.protocols import PROTOCOLS, stitched
 from stitchsim_worker.engine.protocols.attacks import pgd
@@ -58,7 +60,8 @@ def fit(ctx: JobContext, cut: Cut, objective: Objective, train: Split,
     for s in range(settings.seeds):
         stitch = StitchLayer(cut.f.rep(cut.i), cut.g.rep(cut.j)).to(ctx.device)
         task = FitTask(stitch, back, train, settings, settings.seed + s, ctx.device,
-                       ctx.tracker.counter("train"), ctx.tracker.should_cancel, augment)
+                       ctx.tracker.counter("train"), ctx.tracker.should_cancel, augment,
+                       output=cut.g.output)
         losses.append(entry.fit(task))
         stitches.append(stitch)
         logits.append([stitched_logits(stitch, back, t, EVAL_BATCH, ctx.device, ctx.tracker.step)
@@ -101,29 +104,32 @@ def robust_stats(ctx: JobContext, cut: Cut, result: Fit, test: Split) -> RobustS
 
 def make_row(ctx: JobContext, cut: Cut, objective: Objective, protocol: Protocol,
              h_logits: list[torch.Tensor], test: Split, result: Fit, **extra: Any) -> ResultRow:
-    """The figures of one stitched model against the back model on one test split."""
-    g_logits, seed = test.back_logits.all(), ctx.spec.train.seed
-    evals = [evaluate(h, g_logits, test.labels, seed=seed) for h in h_logits]
+    """The figures of one stitched model against the back model on one test split, as the
+    back model's output kind scores them."""
+    g_out, seed, kind = test.back_logits.all(), ctx.spec.train.seed, cut.g.output
+    evals = [OUTPUTS[kind].score(h, g_out, test.labels, seed) for h in h_logits]
     if len(evals) == 1:
-        values = {k: getattr(evals[0].figures, k) for k in Figures.names()}
-        ci = evals[0].ci
+        values, ci = evals[0].values, evals[0].ci
     else:  # several seeds: the interval is over seeds
         values, ci = {}, {}
-        for k in Figures.names():
-            values[k], ci[k] = seed_interval([getattr(e.figures, k) for e in evals])
+        for k in evals[0].values:
+            values[k], ci[k] = seed_interval([e.values[k] for e in evals])
     back_accuracy = evals[0].back_accuracy if test.back_accuracy is None else test.back_accuracy
+    accuracy = values.get("accuracy")
+    penalty = (back_accuracy - accuracy
+               if accuracy is not None and back_accuracy is not None else None)
     return ResultRow(
         direction=cut.direction, front_layer=cut.pair[0], back_layer=cut.pair[1],
-        objective=objective, protocol=protocol,
+        objective=objective, protocol=protocol, output=kind,
         agreement=values["agreement"], agreement_ci=ci["agreement"],
         hard_agreement=values["hard_agreement"], hard_agreement_ci=ci["hard_agreement"],
-        accuracy=values["accuracy"], accuracy_ci=ci["accuracy"],
-        stitching_penalty=back_accuracy - values["accuracy"],
-        error_consistency=values["error_consistency"],
-        error_consistency_ci=ci["error_consistency"],
-        correct_agreement=values["correct_agreement"],
-        correct_agreement_ci=ci["correct_agreement"],
-        soft_kappa=values["soft_kappa"], soft_kappa_ci=ci["soft_kappa"],
+        accuracy=accuracy, accuracy_ci=ci.get("accuracy"), stitching_penalty=penalty,
+        error_consistency=values.get("error_consistency"),
+        error_consistency_ci=ci.get("error_consistency"),
+        correct_agreement=values.get("correct_agreement"),
+        correct_agreement_ci=ci.get("correct_agreement"),
+        soft_kappa=values.get("soft_kappa"), soft_kappa_ci=ci.get("soft_kappa"),
+        psnr=values.get("psnr"), psnr_ci=ci.get("psnr"),
         train_loss=result.loss, seconds=result.seconds, stitch=result.stitch, **extra,
     )
 
@@ -154,10 +160,14 @@ def protocol_rows(ctx: JobContext, cut: Cut, inputs: InputSet, tests: list[Split
             attacked = None
             if robust and entry.test_split is None:
                 attacked = robust_stats(ctx, cut, result, own[0])
+            drawn = (catalogue.OUTPUT_KINDS[cut.g.output].grid and control is None
+                     and objective == ctx.spec.objectives[0])
             for k, test in enumerate(own):
+                grid = image_grid(cut, test, result.on(k)[0]) if drawn and k == 0 else None
                 rows[k].append(make_row(ctx, cut, objective, protocol, result.on(k), test,
                                         result, iri=stats, control=control,
-                                        robust=attacked if k == 0 else None, **extra))
+                                        robust=attacked if k == 0 else None, grid=grid,
+                                        **extra))
     return rows
 
 

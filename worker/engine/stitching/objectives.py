@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from stitchsim.models import Objective, TrainSettings
 from stitchsim_worker.engine.measures.metrics import relative_distance
+from stitchsim_worker.engine.measures.outputs import OUTPUTS
 from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.stitching.train import (
     FitTask,
@@ -53,11 +54,9 @@ def hard_label_loss(b: LossInputs) -> torch.Tensor:
 
 
 def soft_label_loss(b: LossInputs) -> torch.Tensor:
-    # KL(softmax g || softmax h), temperature 1.
-    return F.kl_div(
-        b.logits.log_softmax(-1), b.back_logits.log_softmax(-1), log_target=True,
-        reduction="batchmean",
-    )
+    """Matching the back model's outputs, as its output kind matches them: KL between the
+    softmaxes for logits (temperature 1), the kind's own loss for embeddings and images."""
+    return OUTPUTS[b.output].match(b.logits, b.back_logits)
 
 
 def latent_alignment_loss(b: LossInputs) -> torch.Tensor:

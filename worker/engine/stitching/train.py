@@ -29,6 +29,7 @@ class LossInputs(NamedTuple):
     labels: torch.Tensor
     feats: list[torch.Tensor]  # h_l(x) at the alignment points: T(a) first, then later ones
     back_feats: list[torch.Tensor]  # g_l(x) at the same points (empty unless asked for)
+    output: str = "logits"  # the back model's output kind (what output matching compares)
 
 
 LossFn = Callable[[LossInputs], torch.Tensor]
@@ -61,6 +62,8 @@ class FitTask:
     on_step: Callable[[int], None]
     should_cancel: Callable[[], bool]
     augment: Augment | None = None
+    output: str = "logits"
+    """The back model's output kind: the objectives that match outputs match it its way."""
 
 
 def _batch(
@@ -147,7 +150,8 @@ def train_stitch(task: FitTask, loss_fn: LossFn, with_feats: bool) -> float:
             logits, later = task.back(z, b.pixels)
             loss = loss_fn(LossInputs(logits=logits, back_logits=b.back_logits,
                                       labels=b.labels, feats=[z, *later],
-                                      back_feats=b.back_feats if with_feats else []))
+                                      back_feats=b.back_feats if with_feats else [],
+                                      output=task.output))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
