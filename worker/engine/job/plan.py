@@ -95,6 +95,7 @@ def what_to_shrink(spec: Spec, sizes: Sizes) -> list[str]:
         factors["iri.batch_size (larger is cheaper)"] = _IRI.batch_size / spec.iri.batch_size
     if catalogue.PROTOCOLS.any_of(spec.protocols, attacks=True) or spec.adversarial.evaluate:
         factors["adversarial.steps"] = spec.adversarial.steps / AdversarialSettings().steps
+        factors["adversarial.alphas"] = float(len(spec.adversarial.alpha_list()))
     if spec.train.max_train_samples is None:
         factors["train.max_train_samples (unset: the whole training split)"] = 2.0
     ranked = sorted(((f, name) for name, f in factors.items() if f > 1.0), reverse=True)
