@@ -62,13 +62,15 @@ def results_lines(report: Report) -> list[str]:
                "hard agr", "accuracy", "penalty"]
     robust = view.has_robust(report)
     rows = [
-        [DIRECTION_ASCII[r.direction], _layers(r), r.objective, r.protocol,
+        [DIRECTION_ASCII[r.direction], _layers(r), r.objective, view.protocol_name(r),
          _with_ci(r.agreement, r.agreement_ci), fmt(r.hard_agreement), fmt(r.accuracy),
-         fmt_signed(r.stitching_penalty), *([view.robust_agreement(r)] if robust else [])]
+         fmt_signed(r.stitching_penalty),
+         *([view.robust_agreement(r), view.transfer_rate(r)] if robust else [])]
         for r in view.ordered(report.results)
     ]
-    return _align(headers + (["robust agr"] if robust else []), rows,
-                  numeric={4, 5, 6, 7, 8})
+    lines = _align(headers + (["robust agr", "transfer"] if robust else []), rows,
+                   numeric={4, 5, 6, 7, 8, 9})
+    return [*lines, view.robust_caption(report)] if robust else lines
 
 
 def controls_lines(report: Report) -> list[str]:
