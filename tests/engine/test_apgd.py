@@ -75,3 +75,31 @@ def test_apgd_ce_then_dlr_fools_at_least_as_often_as_either_and_as_pgd(tiny) -> 
                            generator=torch.Generator())[0], y, right)
     pgd = success(net, ATTACKS["pgd"].run(net, x, y, settings, torch.Generator()), y, right)
     assert both >= ce - 1e-9 and both >= pgd - 0.02, (both, ce, pgd)
+
+
+@pytest.mark.parametrize(("adversarial", "words"), [
+    ({"alpha": 1.5}, "adversarial.alpha: Input should be less than or equal to 1"),
+    ({"alphas": [0, 2]}, "adversarial.alphas: Value error, every alpha must lie in [0, 1]"),
+    ({"attack": "fgsm"}, "adversarial.attack: Input should be " + " or ".join(
+        repr(n) for n in catalogue.ATTACKS.names)),
+])
+def test_bad_alphas_and_attacks_are_refused_naming_the_field(adversarial, words: str) -> None:
+    # What the service answers with a 422 (tests/service/test_bad_inputs.py holds the status).
+    from pydantic import ValidationError
+    from stitchsim.models import Spec
+    from stitchsim_service.core.errors import validation_error
+
+    body = {"front": {"checkpoint": {"path": "a"}}, "back": {"checkpoint": {"path": "b"}},
+            "adversarial": adversarial}
+    with pytest.raises(ValidationError) as info:
+        Spec.model_validate(body)
+    failure = validation_error("invalid_spec", "invalid spec", list(info.value.errors()))
+    assert failure.code == "invalid_spec" and words in failure.message, failure.message
+
+
+def test_alpha_defaults_to_the_papers_stitching_value_and_alphas_run_in_order() -> None:
+    settings = AdversarialSettings()
+    assert settings.alpha == 1.0 and settings.alpha_list() == [1.0]
+    assert settings.attack == "apgd" and settings.attack_steps() == 20
+    assert AdversarialSettings(alphas=[0, 1]).alpha_list() == [0, 1]
+    assert AdversarialSettings(attack="pgd").attack_steps() == 10
