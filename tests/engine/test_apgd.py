@@ -101,5 +101,5 @@ def test_alpha_defaults_to_the_papers_stitching_value_and_alphas_run_in_order() 
     settings = AdversarialSettings()
     assert settings.alpha == 1.0 and settings.alpha_list() == [1.0]
     assert settings.attack == "apgd" and settings.attack_steps() == 20
-    assert AdversarialSettings(alphas=[0, 1]).alpha_list() == [0, 1]
+    assert AdversarialSettings(alphas=[1, 0]).alpha_list() == [0, 1]  # the last one headlines
     assert AdversarialSettings(attack="pgd").attack_steps() == 10

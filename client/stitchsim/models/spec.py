@@ -248,8 +248,9 @@ class AdversarialSettings(_Strict):
         return v
 
     def alpha_list(self) -> list[float]:
-        """The alphas each adversarial protocol runs at, in the order given."""
-        return list(self.alphas) if self.alphas is not None else [self.alpha]
+        """The alphas each adversarial protocol runs at, smallest first: the last (the most
+        attacked arm) is the one the summary and the plots read."""
+        return sorted(self.alphas) if self.alphas is not None else [self.alpha]
 
     def attack_steps(self) -> int:
         return self.eval_steps or catalogue.ATTACKS[self.attack].steps
