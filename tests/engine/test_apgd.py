@@ -62,7 +62,7 @@ def test_our_apgd_fools_as_often_as_torchattacks_and_far_more_than_noise(tiny, l
         assert torch.equal(fooled, net(ours).argmax(1) != y)
 
 
-def test_the_registered_attacks_are_the_catalogues_and_apgd_is_at_least_as_strong() -> None:
+def test_the_registered_attacks_are_the_catalogues_and_apgd_is_the_default() -> None:
     assert list(ATTACKS) == list(catalogue.ATTACKS.names)
     assert catalogue.ATTACKS.one(default=True) == "apgd"
 
