@@ -150,6 +150,14 @@ class ModelSourceEntry(Entry):
 
 
 @dataclass(frozen=True)
+class AttackEntry(Entry):
+    default: bool = False
+    """The robust evaluation's attack in a spec that names none."""
+    steps: int = 10
+    """Iterations it runs when adversarial.eval_steps is unset (each loss's, for APGD)."""
+
+
+@dataclass(frozen=True)
 class OutputKindEntry(Entry):
     needs_labels: bool = True
     """Its agreement or training needs class labels (logits); else labels are optional."""
@@ -302,6 +310,13 @@ PROTOCOLS: Kind[ProtocolEntry] = Kind("protocol", (
         "replaced by PGD inputs crafted against the stitched model, towards the back model's "
         "processing of the same inputs", style=PlotStyle(ORANGE, "-.", "D"), attacks=True),
     ProtocolEntry(
+        "iri_adversarial", "invariance-aware x adversarial", "T is trained on IRIs (as "
+        "invariance-aware) with a fraction alpha of each batch replaced by PGD inputs crafted "
+        "against the stitched model from those IRIs, towards the back model's processing of "
+        "the same inputs: the invariance-aware paper's IRI x adversarial arm",
+        short="IRI x adversarial", style=PlotStyle(PURPLE, "--", "v"), uses_iris=True,
+        attacks=True),
+    ProtocolEntry(
         "cross_task", "cross-task", "front and back models of different tasks: T is trained "
         "with the front model's own images and hard labels paired into the back model's "
         "classes; it measures compatibility, not shared meaning (read it against the "
@@ -336,6 +351,18 @@ CUES: Kind[Entry] = Kind("cue", (
           "place"),
     Entry("rand_rand", "random colour, random place", "a randomly coloured square at a random "
           "place: no class information (the ~0 control)"),
+))
+
+ATTACKS: Kind[AttackEntry] = Kind("attack", (
+    AttackEntry(
+        "apgd", "APGD-CE + APGD-DLR", "AutoAttack's two white-box attacks (Croce & Hein "
+        "2020), as the invariance-aware paper evaluates: APGD on the cross-entropy, then APGD "
+        "on the difference-of-logits ratio on the inputs it did not fool; per input the "
+        "fooling one (else the highest-loss one)", short="APGD", default=True, steps=20),
+    AttackEntry(
+        "pgd", "PGD-k", "k fixed steps of the cross-entropy gradient's sign (Madry et al. "
+        "2018), projected onto the epsilon ball; random start with adversarial.random_start",
+        short="PGD", steps=10),
 ))
 
 MEASURES: Kind[MeasureEntry] = Kind("measure", (
@@ -433,7 +460,7 @@ DATASET_FORMATS: Kind[DatasetFormatEntry] = Kind("dataset format", (
 ))
 
 KINDS: tuple[Kind[Entry], ...] = (  # type: ignore[assignment]
-    OBJECTIVES, PROTOCOLS, CONTROLS, CUES, MEASURES, ROW_FIGURES, MEASURE_INPUTS,
+    OBJECTIVES, PROTOCOLS, CONTROLS, CUES, ATTACKS, MEASURES, ROW_FIGURES, MEASURE_INPUTS,
     MODEL_SOURCES, OUTPUT_KINDS, DATASET_FORMATS,
 )
 """Every kind of name, for the tests that hold each against its engine registry and render
@@ -443,4 +470,10 @@ every entry."""
 def drop_protocols() -> tuple[str, str]:
     """The drop's two protocols: the baseline's agreement minus the IRI protocol's (the share
     of the plain score that came from features the end model does not share)."""
-    return PROTOCOLS.one(baseline=True), PROTOCOLS.one(uses_iris=True)
+    return PROTOCOLS.one(baseline=True), iri_protocol()
+
+
+def iri_protocol() -> str:
+    """The plain IRI protocol (invariance-aware): the one that uses IRIs and crafts no
+    attacks (its adversarial arm uses IRIs too)."""
+    return PROTOCOLS.one(uses_iris=True, attacks=False)

@@ -62,15 +62,16 @@ def results_lines(report: Report) -> list[str]:
                "hard agr", "both r/w", "accuracy", "penalty", "kappa", "soft kappa"]
     robust = view.has_robust(report)
     rows = [
-        [DIRECTION_ASCII[r.direction], _layers(r), r.objective, r.protocol,
+        [DIRECTION_ASCII[r.direction], _layers(r), r.objective, view.protocol_name(r),
          _with_ci(r.agreement, r.agreement_ci), fmt(r.hard_agreement),
          fmt(r.correct_agreement), fmt(r.accuracy), fmt_signed(r.stitching_penalty),
          fmt(r.error_consistency), fmt(r.soft_kappa),
-         *([view.robust_agreement(r)] if robust else [])]
+         *([view.robust_agreement(r), view.transfer_rate(r)] if robust else [])]
         for r in view.ordered(report.results)
     ]
-    return _align(headers + (["robust agr"] if robust else []), rows,
-                  numeric=set(range(4, 12)))
+    lines = _align(headers + (["robust agr", "transfer"] if robust else []), rows,
+                   numeric=set(range(4, 14)))
+    return [*lines, view.robust_caption(report)] if robust else lines
 
 
 def unstitched_lines(report: Report) -> list[str]:

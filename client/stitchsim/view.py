@@ -72,6 +72,27 @@ def robust_agreement(row: ResultRow) -> str:
     return fmt(row.robust.agreement) if row.robust is not None else ""
 
 
+def transfer_rate(row: ResultRow) -> str:
+    """How often the attack fooled the back model (robust agreement mixes it in)."""
+    rate = row.robust.transfer_rate if row.robust is not None else None
+    return fmt(rate) if rate is not None else ""
+
+
+def protocol_name(row: ResultRow) -> str:
+    """The protocol, with its alpha where an adversarial protocol ran at several."""
+    return row.protocol if row.alpha is None else f"{row.protocol} a={row.alpha:g}"
+
+
+def robust_caption(report: Report) -> str:
+    """What crafted the robust rows' inputs, in words (the attack, its budget, its steps)."""
+    seen = {(r.robust.attack, r.robust.epsilon, r.robust.steps)
+            for r in report.results if r.robust is not None}
+    parts = [f"{catalogue.ATTACKS.label(a)} at epsilon {e * 255:.3g}/255, {n} steps"
+             for a, e, n in sorted(seen)]
+    return ("robust agr: agreement on test inputs crafted against the stitched model by "
+            + "; ".join(parts) + "; transfer: how often those inputs fool the back model")
+
+
 # ------------------------------------------------------------------ figures in words
 
 
@@ -148,6 +169,7 @@ def ordered(rows: Sequence[ResultRow]) -> list[ResultRow]:
     return sorted(rows, key=lambda r: (
         DIRECTIONS.index(r.direction), depth[(r.direction, r.front_layer, r.back_layer)],
         catalogue.OBJECTIVES.position(r.objective), catalogue.PROTOCOLS.position(r.protocol),
+        -1 if r.alpha is None else r.alpha,
     ))
 
 

@@ -60,7 +60,8 @@ def test_the_spec_takes_the_catalogue_names_and_lists_them_in_its_schema() -> No
         models.Spec.model_validate({**base, "protocols": ["standard", "telepathy"]})
     (error,) = refused.value.errors()
     assert error["loc"] == ("protocols", 1) and error["type"] == "literal_error"
-    assert "'standard', 'invariance_aware', 'adversarial' or 'cross_task'" in error["msg"]
+    assert ("'standard', 'invariance_aware', 'adversarial', 'iri_adversarial' or 'cross_task'"
+            in error["msg"])
 
 
 def test_builtin_datasets_come_from_one_catalogue() -> None:

@@ -37,7 +37,12 @@ CASES: dict[str, dict[str, Any]] = {
         "controls": ["clustered_noise", "identity", "shortcut"],
         "control_settings": {"cues": ["pixel_specific", "rand_rand"]}},
     "adversarial": {"protocols": ["standard", "adversarial"], "objectives": ["slm", "dm"],
-                    "adversarial": {"evaluate": True, "steps": 2}},
+                    "adversarial": {"evaluate": True, "steps": 2, "eval_steps": 2}},
+    # Two alphas (0: the clean arm, no augment) and the IRI x adversarial arm, under PGD-k.
+    "adversarial_alphas_on_iris": {
+        "protocols": ["iri_adversarial"], "objectives": ["slm"],
+        "adversarial": {"evaluate": True, "steps": 2, "alphas": [0, 1], "attack": "pgd",
+                        "eval_steps": 2}},
     "measures_both_directions": {"measures": ["cka", "mutual_knn"], "directions": "both",
                                  "protocols": ["standard", "invariance_aware"]},
     "measures_on_test_iris": {"measures": ["cka"], "measure_settings": {"iri_split": "test"}},

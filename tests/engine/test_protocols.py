@@ -1,5 +1,6 @@
 """The rest of the published protocols (issue 15), each checked for the shape its paper
-reports, on built-in data: adversarial stitching with robust agreement, the unseen-cue suite
+reports, on built-in data: robust vs standard models under the invariance-aware protocol and
+robust agreement with its attack's transfer rate (issue 26), the unseen-cue suite
 (excessive agreement), and cross-task pairing beside the clustered-noise floor."""
 
 from __future__ import annotations
@@ -17,18 +18,24 @@ QUICK = {"epochs": 4, "max_train_samples": 400, "max_test_samples": 300}
 
 
 @pytest.fixture(scope="module")
-def robust_front(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Trained once and cached across runs (tests/fixtures_models.py), as the fixture models.
-    path = tmp_path_factory.mktemp("robust") / "robust.safetensors"
+def robust_seeds(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """Two adversarially trained seeds (as `demo-models --robust` makes them), trained once and
+    cached across runs (tests/fixtures_models.py), as the fixture models are."""
+    root = tmp_path_factory.mktemp("robust")
+    paths = []
+    for seed in (2, 3):
+        path = root / f"robust_{seed}.safetensors"
 
-    def build(to: Path) -> dict[str, float]:
-        clean, robust = make_robust_checkpoint(to, "test_resnet", "digits_digit_only", seed=2)
-        return {"clean": clean, "robust": robust}
+        def build(to: Path, seed: int = seed) -> dict[str, float]:
+            clean, robust = make_robust_checkpoint(to, "test_resnet", "digits_digit_only",
+                                                   seed=seed)
+            return {"clean": clean, "robust": robust}
 
-    settings = {"arch": "test_resnet", "dataset": "digits_digit_only", "seed": 2}
-    info = cached_model("robust_resnet", settings, ROBUST_CODE, build, path)
-    assert info["clean"] >= 0.95 and info["robust"] >= 0.85, info  # PGD-10 at 8/255
-    return path
+        settings = {"arch": "test_resnet", "dataset": "digits_digit_only", "seed": seed}
+        info = cached_model("robust_resnet", settings, ROBUST_CODE, build, path)
+        assert info["clean"] >= 0.95 and info["robust"] >= 0.85, info  # PGD-10 at 8/255
+        paths.append(path)
+    return paths[0], paths[1]
 
 
 @pytest.fixture(scope="module")
@@ -44,26 +51,61 @@ def shapes_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_robust_agreement_separates_a_robust_front_from_a_non_robust_seed(
-    ckpts, robust_front: Path, tmp_path: Path
+def test_robust_models_share_invariances_standard_ones_do_not_as_the_paper_finds(
+    ckpts, robust_seeds: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    # Attacks crafted against the stitched model fool a stitched model built on a non-robust
-    # front but hardly transfer to the back model, so the two part ways; a robust front keeps
-    # the stitched model right, and so in agreement with the (unattacked) back model.
-    def job(front: Path) -> list:
-        s = spec(front, ckpts.digits_resnet_b, objectives=["slm"],
-                 protocols=["standard", "adversarial"], layers=layers("layer3"), train=QUICK,
-                 adversarial={"evaluate": True})
+    """The invariance-aware paper's robust-vs-standard finding (its Fig. on ResNet-18 /
+    CIFAR-10): under the invariance-aware protocol, on clean test data, two robust seeds agree
+    far more than a robust front into a standard back and a standard front into a robust back,
+    while the standard protocol keeps every pairing high.
+
+    Measured on these models (layer3, layer4; issue 26): robust <-> robust 0.98, 0.94;
+    robust -> standard 0.76, 0.54; standard -> robust 0.12, 0.11; standard <-> standard
+    0.11, 0.11 (narrow test_resnets share no invariances, see run_command.DEMO_ARCH_KWARGS);
+    standard protocol 0.95-0.99 for every pairing."""
+    robust, robust_b = robust_seeds
+    points = layers("layer3", "layer4")
+
+    def job(front: Path, back: Path, directions: str) -> list:
+        s = spec(front, back, objectives=["slm"], protocols=["standard", "invariance_aware"],
+                 layers=points, train=FAST_IA, iri=FAST_IRI, directions=directions)
         return run(s, tmp_path).results
 
-    seeds, robust = job(ckpts.digits_resnet), job(robust_front)
-    for r in seeds + robust:
-        assert r.robust is not None and r.robust.steps == 10
-        assert r.agreement >= 0.9, (r.protocol, r.agreement)  # clean agreement stays high
-        assert r.robust.back_accuracy >= 0.9  # the attack barely transfers to the back model
-    for seed_row, robust_row in zip(seeds, robust, strict=True):
-        assert seed_row.robust.agreement <= 0.3 and seed_row.robust.accuracy <= 0.2
-        assert robust_row.robust.agreement - seed_row.robust.agreement >= 0.5
+    def by(results: list, protocol: str, direction: str = "front_to_back") -> list[float]:
+        return [r.agreement for r in results if r.protocol == protocol
+                and r.direction == direction]
+
+    both = job(robust, robust_b, "front_to_back")
+    mixed = job(robust, ckpts.digits_resnet, "both")  # robust -> standard, standard -> robust
+    rr, rs = by(both, "invariance_aware"), by(mixed, "invariance_aware")
+    sr = by(mixed, "invariance_aware", "back_to_front")
+    assert len(rr) == len(rs) == len(sr) == 2
+    for r_r, r_s, s_r in zip(rr, rs, sr, strict=True):
+        assert r_r >= 0.85, (rr, rs, sr)
+        assert r_r - r_s >= 0.15, (rr, rs, sr)
+        assert r_r - s_r >= 0.5, (rr, rs, sr)
+    standard = by(both, "standard") + by(mixed, "standard") + by(mixed, "standard",
+                                                                  "back_to_front")
+    assert min(standard) >= 0.85, standard
+
+
+def test_robust_rows_name_the_attack_and_its_transfer_and_each_alpha_is_a_row(
+    ckpts, tmp_path: Path
+) -> None:
+    # APGD crafted against a stitched model of two standard seeds fools it on nearly every
+    # input but hardly transfers to the back model: robust agreement then measures the attack,
+    # not the similarity, which the transfer rate shows. alpha 0 runs as the clean arm.
+    # (Measured: success 0.98 at alpha 0, 0.92 at alpha 1; transfer 0.01 at both.)
+    s = spec(ckpts.digits_resnet, ckpts.digits_resnet_b, objectives=["slm"],
+             protocols=["adversarial"], layers=layers("layer3"), train=QUICK,
+             adversarial={"evaluate": True, "alphas": [0, 1]})
+    results = run(s, tmp_path).results
+    assert [r.alpha for r in results] == [0, 1]
+    for r in results:
+        assert r.robust is not None and r.robust.attack == "apgd" and r.robust.steps == 20
+        assert r.agreement >= 0.9, (r.alpha, r.agreement)  # clean agreement stays high
+        assert r.robust.success_rate >= 0.8 and r.robust.transfer_rate <= 0.1, r.robust
+        assert r.robust.back_accuracy >= 0.9
 
 
 def test_unseen_cues_give_excessive_agreement_under_the_standard_protocol_only(

@@ -15,6 +15,7 @@ from stitchsim_worker.engine.measures.metrics import FIGURES
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
 from stitchsim_worker.engine.measures.similarity import MEASURES
 from stitchsim_worker.engine.protocols import PROTOCOLS
+from stitchsim_worker.engine.protocols.attacks import ATTACKS
 from stitchsim_worker.engine.protocols.controls import CONTROLS
 from stitchsim_worker.engine.protocols.cues import CUES
 from stitchsim_worker.engine.registry import Registry
@@ -31,6 +32,7 @@ ENGINE: dict[str, Registry] = {  # type: ignore[type-arg]
     catalogue.PROTOCOLS.kind: PROTOCOLS,
     catalogue.CONTROLS.kind: CONTROLS,
     catalogue.CUES.kind: CUES,
+    catalogue.ATTACKS.kind: ATTACKS,
     catalogue.MEASURES.kind: MEASURES,
     catalogue.ROW_FIGURES.kind: FIGURES,
     catalogue.OUTPUT_KINDS.kind: OUTPUTS,
@@ -86,6 +88,7 @@ def test_the_flags_say_what_the_entries_need() -> None:
     assert catalogue.OBJECTIVES.where(labels_only=True) == ("hlm",)
     assert catalogue.drop_protocols() == ("standard", "invariance_aware")
     assert catalogue.PROTOCOLS.where(in_controls=False) == ("cross_task",)
-    assert catalogue.PROTOCOLS.where(attacks=True) == ("adversarial",)
+    assert catalogue.PROTOCOLS.where(attacks=True) == ("adversarial", "iri_adversarial")
+    assert catalogue.PROTOCOLS.where(uses_iris=True) == ("invariance_aware", "iri_adversarial")
     assert catalogue.PROTOCOLS["cross_task"].read_against == ("clustered_noise",)
     assert catalogue.CONTROLS.where(paints_cues=True) == ("shortcut",)

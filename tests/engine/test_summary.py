@@ -114,3 +114,14 @@ def test_a_model_at_chance_withholds_the_verdict() -> None:
     reason = withheld(SPEC, model(False), model(True))
     assert reason is not None and "the back model (resnet18)" in reason
     assert withheld(SPEC.model_copy(update={"threshold": None}), model(True), model(True)) is None
+
+
+def test_an_adversarial_protocol_at_several_alphas_is_summarised_at_its_most_attacked_arm(
+) -> None:
+    spec = SPEC.model_copy(update={
+        "protocols": ["standard", "adversarial"], "directions": "front_to_back",
+        "adversarial": SPEC.adversarial.model_copy(update={"alphas": [0.0, 1.0]})})
+    arms = [_row("front_to_back", "layer1", "adversarial", a).model_copy(update={"alpha": alpha})
+            for a, alpha in ((0.9, 0.0), (0.6, 1.0))]
+    s = summarise(spec, [_row("front_to_back", "layer1", "standard", 0.95), *arms])
+    assert s.by_protocol["adversarial"] == pytest.approx(0.6)  # not the arms' mean, 0.75

@@ -1,5 +1,6 @@
 """The figures of the adversarial, cross-task and unseen-cue protocols (issue 15) in the
-terminal table and on the page: robust agreement beside the clean one, one control row per
+terminal table and on the page: robust agreement beside the clean one (with the attack, its
+transfer rate and the row's alpha, issue 26), one control row per
 cue, the excessive agreement's maximum over stitch points, and the report's notes."""
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ def _report() -> Report:
     report = make_sample_report()
     first = report.results[0]
     adversarial = first.model_copy(update={
-        "protocol": "adversarial", "agreement": 0.91,
+        "protocol": "adversarial", "agreement": 0.91, "alpha": 1.0,
         "robust": RobustStats(agreement=0.137, agreement_ci=(0.1, 0.17), hard_agreement=0.2,
-                              accuracy=0.05, back_accuracy=0.96, epsilon=8 / 255, steps=10),
+                              accuracy=0.05, back_accuracy=0.96, epsilon=8 / 255, steps=20,
+                              attack="apgd", success_rate=0.94, transfer_rate=0.023),
     })
     cue = report.controls[0].model_copy(update={
         "control": "shortcut", "cue": "pixel_specific", "excessive_agreement": 0.412,
@@ -38,8 +40,11 @@ def _report() -> Report:
 def test_the_table_shows_robust_agreement_cues_excess_and_notes() -> None:
     text = format_table(_report())
     header = next(line for line in text.splitlines() if line.startswith("direction"))
-    assert header.endswith("robust agr")
-    assert any("adversarial" in line and line.endswith("0.137") for line in text.splitlines())
+    assert header.endswith("robust agr  transfer")
+    assert any("adversarial a=1" in line and line.endswith("0.137     0.023")
+               for line in text.splitlines())
+    # The attack is named, with its budget: robust agreement means nothing without it.
+    assert "APGD-CE + APGD-DLR at epsilon 8/255, 20 steps" in text
     assert "shortcut:pixel_specific" in text
     block = text.split("excessive agreement (unseen cues), max over stitch points")[1]
     assert "pixel_specific" in block and "0.412" in block
@@ -54,7 +59,9 @@ def test_without_robust_rows_there_is_no_robust_column() -> None:
 
 def test_the_page_shows_the_same() -> None:
     page = render_report_page(_report())
-    assert "robust agr." in page and "0.137" in page
+    assert "robust agr." in page and "0.137" in page and "0.023" in page
+    assert "APGD-CE + APGD-DLR at epsilon 8/255, 20 steps" in page
+    assert "adversarial, α = 1" in page
     assert "unseen cues: class colour, class place" in page
     assert 'id="excess-table"' in page and "0.412" in page
     assert 'id="notes"' in page and NOTE in page

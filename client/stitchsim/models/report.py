@@ -10,6 +10,7 @@ from stitchsim.models.spec import (
     Spec,
 )
 from stitchsim.models.vocabulary import (
+    Attack,
     Control,
     Cue,
     Direction,
@@ -42,7 +43,9 @@ class IRIStats(BaseModel):
 
 
 class RobustStats(BaseModel):
-    """The stitched and the back model on PGD test inputs crafted against the stitched one."""
+    """The stitched and the back model on test inputs crafted (by `attack`) against the
+    stitched one. Robust agreement mixes two things: how similar the models are and how far
+    the attack transfers to the back model; `transfer_rate` gives the second apart."""
 
     agreement: float
     agreement_ci: tuple[float, float]
@@ -50,7 +53,14 @@ class RobustStats(BaseModel):
     accuracy: float = Field(description="the stitched model's accuracy on the attacked inputs")
     back_accuracy: float = Field(description="the back model's accuracy on the same inputs")
     epsilon: float
-    steps: int
+    steps: int = Field(description="the attack's iterations (each loss's, for apgd)")
+    attack: Attack = Field(default="pgd", description="the attack that crafted the inputs")
+    success_rate: float | None = Field(
+        default=None, description="how often the attack fools the stitched model: the share "
+        "of the test inputs it classifies right whose attacked version it gets wrong")
+    transfer_rate: float | None = Field(
+        default=None, description="how often the same attacked inputs fool the back model "
+        "(the share of the inputs it classifies right that it gets wrong once attacked)")
 
 
 class ImageGrid(BaseModel):
@@ -111,6 +121,9 @@ class ResultRow(BaseModel):
     robust: RobustStats | None = Field(
         default=None, description="with adversarial.evaluate: figures on attacked test inputs"
     )
+    alpha: float | None = Field(
+        default=None, description="adversarial protocols: the share of each training batch "
+        "that was attacked (adversarial.alphas runs several; 0 is the clean arm)")
 
 
 class UnstitchedRow(BaseModel):

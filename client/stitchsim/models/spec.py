@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from stitchsim import catalogue
 from stitchsim.models.vocabulary import (
+    Attack,
     Control,
     Cue,
     Direction,
@@ -205,23 +206,61 @@ class ControlSettings(_Strict):
 
 class AdversarialSettings(_Strict):
     """PGD L-inf in [0,1] pixel units (each model's preprocessing applies after it), as in the
-    invariance-aware paper's code: epsilon 8/255, step 2/255, 10 steps, no random start."""
+    invariance-aware paper's code: epsilon 8/255, step 2/255, 10 steps, no random start, in
+    stitch training; the robust evaluation runs `attack` (APGD-CE + APGD-DLR, as the paper's
+    AutoAttack evaluation) at the same epsilon."""
 
     epsilon: float = Field(default=8 / 255, gt=0, le=1)
-    step_size: float = Field(default=2 / 255, gt=0, le=1)
-    steps: int = Field(default=10, ge=0, le=200)
+    step_size: float = Field(default=2 / 255, gt=0, le=1,
+                             description="PGD's step (training, and attack: pgd)")
+    steps: int = Field(default=10, ge=0, le=200, description="PGD steps in stitch training")
     random_start: bool = False
     alpha: float = Field(
-        default=0.5, ge=0, le=1,
-        description="adversarial protocol: the fraction of each stitch-training batch replaced "
-        "by PGD inputs crafted against the stitched model",
+        default=1.0, ge=0, le=1,
+        description="adversarial protocols: the fraction of each stitch-training batch "
+        "replaced by PGD inputs crafted against the stitched model (the paper's stitching "
+        "experiment runs 0 and 1; 0.5 is its ratio for training base models)",
+    )
+    alphas: list[float] | None = Field(
+        default=None, min_length=1, max_length=5,
+        description="several alphas in one job (e.g. [0, 1]: alpha 0 is the clean arm); each "
+        "adversarial protocol runs once per alpha and its rows carry their alpha; unset: "
+        "[alpha]",
     )
     evaluate: bool = Field(
         default=False,
-        description="also evaluate every row on PGD test inputs crafted against the stitched "
-        "model (robust agreement beside the clean one)",
+        description="also evaluate every row on test inputs crafted by `attack` against the "
+        "stitched model (robust agreement beside the clean one, and how often the attack "
+        "fools the back model: its transfer rate)",
+    )
+    attack: Attack = Field(
+        default=catalogue.ATTACKS.one(default=True),
+        description="the robust evaluation's attack: " + catalogue.ATTACKS.describe(),
+    )
+    eval_steps: int | None = Field(
+        default=None, ge=1, le=500,
+        description="the evaluation attack's iterations (each loss's, for apgd); unset: the "
+        "attack's own default (apgd 20, as the paper; pgd 10)",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
+
+    @field_validator("alphas")
+    @classmethod
+    def _alphas_in_range(cls, v: list[float] | None) -> list[float] | None:
+        if v is not None:
+            if any(not 0 <= a <= 1 for a in v):
+                raise ValueError("every alpha must lie in [0, 1]")
+            if len(set(v)) != len(v):
+                raise ValueError("alphas must not repeat")
+        return v
+
+    def alpha_list(self) -> list[float]:
+        """The alphas each adversarial protocol runs at, smallest first: the last (the most
+        attacked arm) is the one the summary and the plots read."""
+        return sorted(self.alphas) if self.alphas is not None else [self.alpha]
+
+    def attack_steps(self) -> int:
+        return self.eval_steps or catalogue.ATTACKS[self.attack].steps
 
 
 class MeasureSettings(_Strict):

@@ -303,6 +303,11 @@ def iri_section(report: Report, plots: Sequence[Plot]) -> str:
     )
 
 
+def _protocol_cell(r: ResultRow) -> str:
+    label = PROTOCOLS.label(r.protocol)
+    return label if r.alpha is None else f"{label}, α = {r.alpha:g}"
+
+
 def results_section(report: Report) -> str:
     cols = [Col("direction"), Col("stitch point"), Col("objective"),
             Col("protocol"), Col("agreement", True), Col("CI", True), Col("hard agr.", True),
@@ -312,7 +317,7 @@ def results_section(report: Report) -> str:
     drops = view.point_drops(report)
     robust = view.has_robust(report)
     if robust:
-        cols.insert(9, Col("robust agr.", True))
+        cols[9:9] = [Col("robust agr.", True), Col("transfer", True)]
     psnr = view.has_psnr(report)
     if psnr:
         cols.insert(cols.index(Col("accuracy", True)), Col("PSNR dB", True))
@@ -326,9 +331,9 @@ def results_section(report: Report) -> str:
 
     rows = [
         [DIRECTION_LABEL[r.direction], stitch_cell(r), r.objective,
-         PROTOCOLS.label(r.protocol), fmt(r.agreement), fmt_ci(r.agreement_ci),
+         _protocol_cell(r), fmt(r.agreement), fmt_ci(r.agreement_ci),
          fmt(r.hard_agreement), fmt(r.correct_agreement), drop(r),
-         *([view.robust_agreement(r)] if robust else []),
+         *([view.robust_agreement(r), view.transfer_rate(r)] if robust else []),
          *([fmt(r.psnr, 1)] if psnr else []), fmt(r.accuracy), fmt_signed(r.stitching_penalty),
          fmt(r.error_consistency), fmt(r.soft_kappa), fmt(r.train_loss, 4),
          fmt(r.seconds, 1), esc(r.stitch)]
@@ -342,7 +347,8 @@ def results_section(report: Report) -> str:
         "invariance-aware agreement at that point. Penalty: the receiving "
         "model's accuracy minus the stitched model's. "
         + esc(view.AGREEMENT_NAMES)
-        + (" Robust agr.: agreement on PGD test inputs crafted against the stitched model."
+        + (" " + esc(view.robust_caption(report)).replace("robust agr:", "Robust agr.:")
+           .replace("; transfer:", ". Transfer:") + "."
            if robust else "")
         + "</p>"
         + table(cols, rows, "results-table", wide=True)

@@ -16,6 +16,7 @@ from stitchsim.models import Spec
 from stitchsim_worker.engine.job.context import EVAL_BATCH
 from stitchsim_worker.engine.job.progress import Units
 from stitchsim_worker.engine.protocols import PROTOCOLS
+from stitchsim_worker.engine.protocols.attacks import attack_passes
 from stitchsim_worker.engine.stitching.objectives import OBJECTIVES
 
 
@@ -63,7 +64,8 @@ def fit_units(spec: Spec, n_train: int, tests: Sequence[int], *, augmented: bool
         if augmented:
             per_seed += Units(augment=adv * batches)
         if robust:
-            per_seed += Units(attack=adv * passes(tests[0], EVAL_BATCH))
+            per_seed += Units(attack=attack_passes(spec.adversarial)
+                              * passes(tests[0], EVAL_BATCH))
         units += per_seed * spec.train.seeds
     return units
 
@@ -83,8 +85,10 @@ def rows_units(spec: Spec, sizes: Sizes, n_train: int, tests: Sequence[int], *,
             total += Units(forward=passes(own[0], EVAL_BATCH))
         total += entry.cost(spec, n_fit)
         robust = spec.adversarial.evaluate and not control and entry.test_split is None
-        total += fit_units(spec, n_fit, own, augmented=entry.augment is not None,
-                           robust=robust)
+        # An attacking protocol fits once per alpha (alpha 0: the clean arm, no augment).
+        alphas = spec.adversarial.alpha_list() if entry.augment is not None else [0.0]
+        for alpha in alphas:
+            total += fit_units(spec, n_fit, own, augmented=alpha > 0, robust=robust)
     return total
 
 

@@ -15,6 +15,7 @@ from stitchsim_worker.engine.job.costs import Sizes, passes, rows_units, test_sp
 from stitchsim_worker.engine.job.prepare import Prepared
 from stitchsim_worker.engine.job.progress import Plan, Units
 from stitchsim_worker.engine.measures.in_job import measure_units
+from stitchsim_worker.engine.protocols.attacks import attack_passes
 from stitchsim_worker.engine.protocols.controls import CONTROLS, controls_to_run
 
 
@@ -95,6 +96,10 @@ def what_to_shrink(spec: Spec, sizes: Sizes) -> list[str]:
         factors["iri.batch_size (larger is cheaper)"] = _IRI.batch_size / spec.iri.batch_size
     if catalogue.PROTOCOLS.any_of(spec.protocols, attacks=True) or spec.adversarial.evaluate:
         factors["adversarial.steps"] = spec.adversarial.steps / AdversarialSettings().steps
+        factors["adversarial.alphas"] = float(len(spec.adversarial.alpha_list()))
+    if spec.adversarial.evaluate:
+        factors["adversarial.eval_steps / attack"] = (attack_passes(spec.adversarial)
+                                                      / attack_passes(AdversarialSettings()))
     if spec.train.max_train_samples is None:
         factors["train.max_train_samples (unset: the whole training split)"] = 2.0
     ranked = sorted(((f, name) for name, f in factors.items() if f > 1.0), reverse=True)

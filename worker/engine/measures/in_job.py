@@ -37,7 +37,7 @@ from stitchsim_worker.engine.stitching.bank import Bank
 
 _NOISE_CENTRES_SEED_OFFSET = 7  # the clustered-noise control's centres (controls.py)
 _NOISE_SEED = 13
-_IRI_PROTOCOL = catalogue.PROTOCOLS.one(uses_iris=True)
+_IRI_PROTOCOL = catalogue.iri_protocol()
 """The protocol whose entry makes the IRIs the measures read."""
 
 

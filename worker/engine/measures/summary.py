@@ -112,6 +112,10 @@ def summarise(spec: Spec, rows: list[ResultRow], controls: list[ResultRow] | Non
     """Mean agreement over stitch points (rAuA) per protocol, direction and objective; the
     similarity is the figure of the highest-ranked protocol that ran (similarity_protocol),
     taken in the weaker direction."""
+    # An adversarial protocol run at several alphas is summarised at its most attacked arm
+    # (the others, alpha 0 the clean one, stay in the results).
+    headline = spec.adversarial.alpha_list()[-1]
+    rows = [r for r in rows if r.alpha is None or r.alpha == headline]
     groups: dict[tuple[Protocol, Direction, Objective], list[float]] = {}
     for r in rows:
         groups.setdefault((r.protocol, r.direction, r.objective), []).append(r.agreement)

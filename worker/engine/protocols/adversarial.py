@@ -1,4 +1,6 @@
-"""The adversarial protocol: PGD inputs crafted against the stitched model in training batches."""
+"""The adversarial protocols: PGD inputs crafted against the stitched model in training batches,
+from the training inputs (adversarial) or from the front model's IRIs of them (iri_adversarial,
+the invariance-aware paper's IRI x adversarial arm: its PGD runs on the IRI batches)."""
 
 from __future__ import annotations
 
@@ -12,20 +14,25 @@ from stitchsim_worker.engine.protocols.entry import (
     register_protocol,
     stitched,
 )
+from stitchsim_worker.engine.protocols.invariance_aware import (
+    invariance_aware_split,
+    iris_and_extraction,
+)
 from stitchsim_worker.engine.protocols.standard import extraction_units, standard_split
 from stitchsim_worker.engine.stitching.layer import StitchLayer
 from stitchsim_worker.engine.stitching.train import Augment, Batch
 
 
-def _adversarial_augment(ctx: JobContext, cut: Cut, points: list[str]) -> Augment:
-    """A fraction alpha of each batch becomes PGD inputs crafted against the stitched model,
-    with the front part's view and the back model's targets recomputed on them."""
+def _adversarial_augment(ctx: JobContext, cut: Cut, points: list[str], alpha: float) -> Augment:
+    """A fraction alpha of each batch becomes PGD inputs crafted against the stitched model
+    from the batch's own pixels (real inputs or IRIs), with the front part's view and the
+    back model's targets recomputed on them."""
     settings = ctx.spec.adversarial
     front, probe = cut.f.front(cut.i), cut.g.probe(points)
     gen = torch.Generator().manual_seed(settings.seed)
 
     def augment(stitch: StitchLayer, back: BackPart, b: Batch) -> Batch:
-        k = round(settings.alpha * len(b.labels))
+        k = round(alpha * len(b.labels))
         if k == 0:
             return b
         assert b.pixels is not None
@@ -54,5 +61,9 @@ def _adversarial_augment(ctx: JobContext, cut: Cut, points: list[str]) -> Augmen
 
 register_protocol(ProtocolEntry(
     name="adversarial", train_split=standard_split, cost=extraction_units,
+    augment=_adversarial_augment,
+))
+register_protocol(ProtocolEntry(
+    name="iri_adversarial", train_split=invariance_aware_split, cost=iris_and_extraction,
     augment=_adversarial_augment,
 ))

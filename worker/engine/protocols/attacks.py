@@ -1,14 +1,24 @@
-"""PGD in [0,1] pixel space (L-inf), as the invariance-aware paper's code runs it: fixed
-steps of the gradient's sign, projected onto the epsilon ball around x and the pixel range,
-no random start unless asked. Models apply their own preprocessing on the way in, so the
-budget is in pixel units whatever each model's normalisation."""
+"""Attacks in [0,1] pixel space (L-inf). Models apply their own preprocessing on the way in,
+so the budget is in pixel units whatever each model's normalisation.
+
+`pgd` is PGD as the invariance-aware paper's code runs it in stitch training: fixed steps of
+the gradient's sign, projected onto the epsilon ball around x and the pixel range, no random
+start unless asked. The robust evaluation's attacks are registered by their catalogue names
+(stitchsim.catalogue.ATTACKS): `apgd` (APGD-CE then APGD-DLR, the white-box half of
+AutoAttack, which the paper evaluates with) and `pgd` (PGD-k)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from stitchsim.models import AdversarialSettings
+from stitchsim_worker.engine.registry import Registry
+
+Model = Callable[[torch.Tensor], torch.Tensor]
+"""Pixels in [0,1] -> logits."""
 
 
 def pgd(
@@ -30,5 +40,142 @@ def pgd(
         (grad,) = torch.autograd.grad(loss(x_adv), x_adv)
         with torch.no_grad():
             x_adv = x_adv + settings.step_size * grad.sign()
-            x_adv = torch.minimum(torch.maximum(x_adv, x - eps), x + eps).clamp(0, 1)
+            x_adv = _project(x_adv, x, eps)
     return x_adv.detach()
+
+
+def _project(z: torch.Tensor, x: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.minimum(torch.maximum(z, x - eps), x + eps).clamp(0, 1)
+
+
+def dlr_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Croce & Hein's difference of logits ratio, per sample (untargeted): invariant to the
+    logits' shift and scale, so it does not saturate as cross-entropy does."""
+    z, _ = logits.sort(dim=1)
+    true = logits.gather(1, y[:, None])[:, 0]
+    top_is_true = (logits.argmax(1) == y).float()
+    other = z[:, -2] * top_is_true + z[:, -1] * (1 - top_is_true)
+    return -(true - other) / (z[:, -1] - z[:, -3] + 1e-12)
+
+
+LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "ce": lambda logits, y: F.cross_entropy(logits, y, reduction="none"),
+    "dlr": dlr_loss,
+}
+
+
+def _oscillating(losses: torch.Tensor, i: int, k: int, rho: float) -> torch.Tensor:
+    """Whether the loss rose in at most rho * k of the last k steps (per sample). Indices wrap
+    as in the reference code, whose first check compares the first step with the zeros
+    of the not-yet-written last row."""
+    steps = losses.shape[0]
+    rises = sum((losses[(i - c) % steps] > losses[(i - c - 1) % steps]).float()
+                for c in range(k))
+    return rises <= k * rho
+
+
+def apgd(
+    model: Model, x: torch.Tensor, y: torch.Tensor, *, eps: float, steps: int, loss: str = "ce",
+    rho: float = 0.75, generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Auto-PGD, L-inf (Croce & Hein 2020, Algorithm 1): a step of 2 eps halved per sample at
+    checkpoints where the loss oscillated or stopped improving (restarting from the best
+    point), with momentum 0.75. Returns the inputs (the last fooling iterate where one fooled
+    the model, else the highest-loss one) and which inputs fooled it."""
+    criterion, n = LOSSES[loss], len(x)
+    k, k_min, decrease = max(int(0.22 * steps), 1), max(int(0.06 * steps), 1), \
+        max(int(0.03 * steps), 1)
+    x = x.detach()
+    t = (torch.rand(x.shape, generator=generator) * 2 - 1).to(x)
+    x_adv = (x + eps * t / t.flatten(1).abs().amax(1).view(-1, *[1] * (x.dim() - 1))).clamp(0, 1)
+
+    def loss_grad(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        z = z.clone().requires_grad_(True)
+        logits = model(z)
+        values = criterion(logits, y)
+        (grad,) = torch.autograd.grad(values.sum(), z)
+        return values.detach(), grad.detach(), logits.argmax(1).detach() != y
+
+    shape = (n, *[1] * (x.dim() - 1))
+    step = torch.full(shape, 2 * eps, device=x.device, dtype=x.dtype)
+    values, grad, fooled = loss_grad(x_adv)
+    x_fool, x_best, grad_best, best = x_adv.clone(), x_adv.clone(), grad.clone(), values.clone()
+    history = torch.zeros(steps, n, device=x.device)
+    best_at_check, reduced_at_check = best.clone(), torch.ones(n, dtype=torch.bool,
+                                                               device=x.device)
+    x_prev, since_check = x_adv.clone(), 0
+    for i in range(steps):
+        with torch.no_grad():
+            a = 0.75 if i > 0 else 1.0
+            z = _project(x_adv + step * grad.sign(), x, eps)
+            x_adv, x_prev = _project(x_adv + (z - x_adv) * a + (x_adv - x_prev) * (1 - a),
+                                     x, eps), x_adv
+        values, grad, now = loss_grad(x_adv)
+        fooled |= now
+        x_fool[now] = x_adv[now]
+        history[i] = values
+        better = values > best
+        x_best[better], grad_best[better], best[better] = x_adv[better], grad[better], \
+            values[better]
+        since_check += 1
+        if since_check == k:
+            stalled = ~reduced_at_check & (best_at_check >= best)
+            reduce = _oscillating(history, i, k, rho) | stalled
+            reduced_at_check, best_at_check = reduce.clone(), best.clone()
+            step[reduce] /= 2
+            x_adv[reduce], grad[reduce] = x_best[reduce], grad_best[reduce]
+            since_check, k = 0, max(k - decrease, k_min)
+    return torch.where(fooled.view(shape), x_fool, x_best), fooled
+
+
+# ---------------------------------------------------------------- the evaluation's attacks
+
+
+AttackFn = Callable[[Model, torch.Tensor, torch.Tensor, AdversarialSettings, torch.Generator],
+                    torch.Tensor]
+
+
+@dataclass(frozen=True)
+class AttackEntry:
+    name: str
+    run: AttackFn
+    """(model on pixels, x, labels, settings, generator) -> attacked x."""
+
+
+ATTACKS: Registry[AttackEntry] = Registry("attack")
+
+
+def _apgd_ce_dlr(model: Model, x: torch.Tensor, y: torch.Tensor,
+                 settings: AdversarialSettings, gen: torch.Generator) -> torch.Tensor:
+    """APGD-CE, then APGD-DLR on the inputs CE did not fool (as AutoAttack runs them in
+    turn); DLR needs three classes, so a two-class model gets CE alone."""
+    steps, eps = settings.attack_steps(), settings.epsilon
+    x_adv, fooled = apgd(model, x, y, eps=eps, steps=steps, loss="ce", generator=gen)
+    rest = (~fooled).nonzero()[:, 0]
+    if len(rest) == 0:
+        return x_adv
+    with torch.no_grad():
+        classes = model(x[:1]).shape[1]
+    if classes < 3:
+        return x_adv
+    x_dlr, fooled_dlr = apgd(model, x[rest], y[rest], eps=eps, steps=steps, loss="dlr",
+                             generator=gen)
+    x_adv[rest[fooled_dlr]] = x_dlr[fooled_dlr]
+    return x_adv
+
+
+def _pgd_k(model: Model, x: torch.Tensor, y: torch.Tensor, settings: AdversarialSettings,
+           gen: torch.Generator) -> torch.Tensor:
+    k = settings.model_copy(update={"steps": settings.attack_steps()})
+    return pgd(lambda z: F.cross_entropy(model(z), y, reduction="sum"), x, k, gen)
+
+
+ATTACKS.register(AttackEntry("apgd", _apgd_ce_dlr))
+ATTACKS.register(AttackEntry("pgd", _pgd_k))
+
+
+def attack_passes(settings: AdversarialSettings) -> int:
+    """Forward-backward passes of the evaluation attack per input, at most (apgd: each loss's
+    steps and its start)."""
+    steps = settings.attack_steps()
+    return 2 * (steps + 1) if settings.attack == "apgd" else steps

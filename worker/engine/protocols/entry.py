@@ -34,8 +34,9 @@ class ProtocolEntry:
     """(ctx, cut, training inputs, back alignment points) -> split to fit T on, and stats."""
     cost: Callable[[Spec, int], Units]
     """Work units its training split of n inputs takes (the fits are costs.fit_units)."""
-    augment: Callable[[JobContext, Cut, list[str]], Augment] | None = None
-    """Rewrites each training batch against the stitch being trained (adversarial)."""
+    augment: Callable[[JobContext, Cut, list[str], float], Augment] | None = None
+    """(ctx, cut, back alignment points, alpha) -> what rewrites each training batch against
+    the stitch being trained (adversarial; alpha is the share of the batch it attacks)."""
     test_split: Callable[[JobContext, Cut], Split] | None = None
     """Its own test split, when it is not the comparison's (cross-task pairing)."""
 

@@ -59,17 +59,17 @@ def _iris(ctx: JobContext, cut: Cut, inputs: InputSet) -> iri.IRIResult:
     return result
 
 
-def _invariance_aware(
+def invariance_aware_split(
     ctx: JobContext, cut: Cut, inputs: InputSet, points: list[str]
 ) -> tuple[Split, IRIStats | None]:
     result = _iris(ctx, cut, inputs)
     return train_split(ctx, cut, result.images, inputs.labels, points), result.stats
 
 
-def _iris_and_extraction(spec: Spec, n: int) -> Units:
+def iris_and_extraction(spec: Spec, n: int) -> Units:
     return extraction_units(spec, n) + Units(iri=iri_units(spec, n))
 
 
 register_protocol(ProtocolEntry(
-    name="invariance_aware", train_split=_invariance_aware, cost=_iris_and_extraction,
+    name="invariance_aware", train_split=invariance_aware_split, cost=iris_and_extraction,
 ))

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from stitchsim import catalogue
 from stitchsim.models import Control, Objective, Protocol, ResultRow, RobustStats
 from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
@@ -17,7 +16,7 @@ from stitchsim_worker.engine.measures.metrics import evaluate, seed_interval
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
 from stitchsim_worker.engine.models.cutting import BackPart
 from stitchsim_worker.engine.protocols import PROTOCOLS, stitched
-from stitchsim_worker.engine.protocols.attacks import pgd
+from stitchsim_worker.engine.protocols.attacks import ATTACKS, attack_passes
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
 from stitchsim_worker.engine.stitching.bank import batches
 from stitchsim_worker.engine.stitching.layer import StitchLayer
@@ -72,25 +71,30 @@ def fit(ctx: JobContext, cut: Cut, objective: Objective, train: Split,
 
 
 def robust_stats(ctx: JobContext, cut: Cut, result: Fit, test: Split) -> RobustStats:
-    """The stitched and the back model on PGD test inputs crafted against the stitched one
-    (cross-entropy against the labels), averaged over seeds."""
+    """The stitched and the back model on test inputs crafted by the spec's attack against
+    the stitched one (against the labels), averaged over seeds; with how often the attack
+    fools each of the two (its success and its transfer rate)."""
     settings, seed = ctx.spec.adversarial, ctx.spec.train.seed
+    attack = ATTACKS[settings.attack]
     assert test.pixels is not None
-    evals = []
-    for stitch in result.stitches:
+    evals, fooled = [], []
+    for n, stitch in enumerate(result.stitches):
         h = stitched(cut, stitch, result.back)
         gen = torch.Generator().manual_seed(settings.seed)
         h_out, g_out = [], []
         for idx in batches(len(test), EVAL_BATCH):
             ctx.check_cancel()
             x, y = test.pixels[idx].to(ctx.device), test.labels[idx].to(ctx.device)
-            x_adv = pgd(lambda z, y=y, h=h: F.cross_entropy(h(z), y, reduction="sum"), x,
-                        settings, gen)
+            x_adv = attack.run(h, x, y, settings, gen)
             with torch.no_grad():
                 h_out.append(h(x_adv).float().cpu())
                 g_out.append(cut.g.logits(x_adv).float().cpu())
-            ctx.tracker.step(settings.steps, "attack")
-        evals.append(evaluate(torch.cat(h_out), torch.cat(g_out), test.labels, seed=seed))
+            ctx.tracker.step(attack_passes(settings), "attack")
+        h_logits, g_logits = torch.cat(h_out), torch.cat(g_out)
+        evals.append(evaluate(h_logits, g_logits, test.labels, seed=seed))
+        clean = result.logits[n][0].argmax(-1)
+        fooled.append((_fooled(clean, h_logits, test.labels),
+                       _fooled(test.back_logits.all().argmax(-1), g_logits, test.labels)))
     values = {k: seed_interval([getattr(e.figures, k) for e in evals])
               for k in ("agreement", "hard_agreement", "accuracy")}
     ci = evals[0].ci["agreement"] if len(evals) == 1 else values["agreement"][1]
@@ -98,8 +102,17 @@ def robust_stats(ctx: JobContext, cut: Cut, result: Fit, test: Split) -> RobustS
         agreement=values["agreement"][0], agreement_ci=ci,
         hard_agreement=values["hard_agreement"][0], accuracy=values["accuracy"][0],
         back_accuracy=float(np.mean([e.back_accuracy for e in evals])),
-        epsilon=settings.epsilon, steps=settings.steps,
+        epsilon=settings.epsilon, steps=settings.attack_steps(), attack=settings.attack,
+        success_rate=float(np.mean([s for s, _ in fooled])),
+        transfer_rate=float(np.mean([t for _, t in fooled])),
     )
+
+
+def _fooled(clean_pred: torch.Tensor, attacked: torch.Tensor, labels: torch.Tensor) -> float:
+    """The share of the inputs a model gets right that it gets wrong once attacked."""
+    right = clean_pred.cpu() == labels.cpu()
+    wrong = attacked.argmax(-1).cpu() != labels.cpu()
+    return float((right & wrong).sum() / right.sum().clamp(min=1))
 
 
 def make_row(ctx: JobContext, cut: Cut, objective: Objective, protocol: Protocol,
@@ -153,22 +166,32 @@ def protocol_rows(ctx: JobContext, cut: Cut, inputs: InputSet, tests: list[Split
         if made is not None:
             made[protocol] = train
         own = [entry.test_split(ctx, cut)] * len(tests) if entry.test_split else tests
-        augment = entry.augment(ctx, cut, points) if entry.augment else None
         ctx.tracker.enter(f"train {cut.label} {protocol}")
-        for objective in ctx.spec.objectives:
-            result = fit(ctx, cut, objective, train, own, augment)
-            attacked = None
-            if robust and entry.test_split is None:
-                attacked = robust_stats(ctx, cut, result, own[0])
-            drawn = (catalogue.OUTPUT_KINDS[cut.g.output].grid and control is None
-                     and objective == ctx.spec.objectives[0])
-            for k, test in enumerate(own):
-                grid = image_grid(cut, test, result.on(k)[0]) if drawn and k == 0 else None
-                rows[k].append(make_row(ctx, cut, objective, protocol, result.on(k), test,
-                                        result, iri=stats, control=control,
-                                        robust=attacked if k == 0 else None, grid=grid,
-                                        **extra))
+        alphas = _alphas(ctx, protocol)
+        for alpha in alphas:
+            # alpha 0 attacks nothing: the clean arm, fitted without an augment at all.
+            augment = entry.augment(ctx, cut, points, alpha) if entry.augment and alpha else None
+            for objective in ctx.spec.objectives:
+                result = fit(ctx, cut, objective, train, own, augment)
+                attacked = None
+                if robust and entry.test_split is None:
+                    attacked = robust_stats(ctx, cut, result, own[0])
+                drawn = (catalogue.OUTPUT_KINDS[cut.g.output].grid and control is None
+                         and objective == ctx.spec.objectives[0] and alpha == alphas[0])
+                for k, test in enumerate(own):
+                    grid = image_grid(cut, test, result.on(k)[0]) if drawn and k == 0 else None
+                    rows[k].append(make_row(
+                        ctx, cut, objective, protocol, result.on(k), test, result, iri=stats,
+                        control=control, robust=attacked if k == 0 else None, alpha=alpha,
+                        grid=grid, **extra))
     return rows
+
+
+def _alphas(ctx: JobContext, protocol: Protocol) -> list[float | None]:
+    """The alphas a protocol runs at: the spec's for one that attacks, else none."""
+    if catalogue.PROTOCOLS[protocol].attacks:
+        return list(ctx.spec.adversarial.alpha_list())
+    return [None]
 
 
 def training_inputs(ctx: JobContext) -> InputSet:
