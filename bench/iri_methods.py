@@ -1,0 +1,109 @@
+"""The two IRI methods side by side (issue 26): does the `fast` method give the invariance-aware
+agreement the paper's method gives?
+
+For each architecture (two seeds of it, trained here on the built-in digits with seeds no test
+uses, cached in --models), at three stitch points from shallow to deep, one in-process job per
+method runs the invariance-aware protocol (dm: closed form, so the figure is the IRIs', not a
+training run's), and prints per point: each method's agreement with its 95 % interval, the
+IRIs' median feature distance and RMS pixel distance from x, and whether `fast`'s agreement
+lies in `paper`'s interval. With --match, `fast` is stopped at paper's median feature distance
+per point (iri.stop_below at that median, no extra rounds), so the two are compared at the same
+distance too.
+
+    python bench/iri_methods.py                       # the small version below
+    python bench/iri_methods.py --n 512 --match       # larger, at matched distance
+
+Measured (2 shared cores, 2026-12-03, --n 96 --test 300, default points): see the README's
+"IRI methods" and the numbers recorded at the end of this docstring by the run that made them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from stitchsim.models import ResultRow, Spec
+from stitchsim_worker.engine import Resources, run_job
+from stitchsim_worker.engine.models.zoo import make_checkpoint
+
+DATASET = "digits_digit_only"
+ARCHS: dict[str, tuple[dict[str, Any], list[str]]] = {
+    # Seeds 21 and 22: no test or demo model is trained with them.
+    "test_resnet": ({"stem_width": 64, "channels": [128, 128, 128, 192]},
+                    ["act1", "layer1", "layer2"]),
+    "test_vit": ({"img_size": 32}, ["blocks.0", "blocks.2", "blocks.5"]),
+}
+SEEDS = (21, 22)
+
+
+def models(root: Path, arch: str, epochs: int) -> tuple[Path, Path]:
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for seed in SEEDS:
+        path = root / f"{arch}-{seed}.safetensors"
+        if not path.exists():
+            acc = make_checkpoint(path, arch, DATASET, seed=seed, epochs=epochs,
+                                  arch_kwargs=ARCHS[arch][0])
+            print(f"trained {path.name}: test accuracy {acc:.3f}", flush=True)
+        paths.append(path)
+    return paths[0], paths[1]
+
+
+def job(front: Path, back: Path, points: list[str], iri: dict[str, Any], n: int, test: int,
+        cache: Path) -> list[ResultRow]:
+    spec = Spec.model_validate({
+        "front": {"checkpoint": {"path": str(front)}, "preprocess": "timm"},
+        "back": {"checkpoint": {"path": str(back)}, "preprocess": "timm"},
+        "dataset": DATASET, "layers": [{"front": p, "back": p} for p in points],
+        "objectives": ["dm"], "protocols": ["invariance_aware"], "directions": "front_to_back",
+        "train": {"max_train_samples": n, "max_test_samples": test}, "iri": iri,
+    })
+    return run_job(spec, resources=Resources(cache_dir=cache)).results
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", type=Path, default=Path(".stitchsim/bench-models"))
+    p.add_argument("--cache", type=Path, default=Path(".stitchsim/bench-cache"))
+    p.add_argument("--archs", default=",".join(ARCHS))
+    p.add_argument("--n", type=int, default=96, help="training inputs (IRIs) per point")
+    p.add_argument("--test", type=int, default=300, help="test inputs")
+    p.add_argument("--epochs", type=int, default=4, help="training epochs of the models")
+    p.add_argument("--match", action="store_true",
+                   help="also run fast stopped at paper's median distance per point")
+    args = p.parse_args()
+    print(f"{'arch':<12}{'point':<10}{'method':<8}{'agreement':>10}{'95% CI':>16}"
+          f"{'feat. med':>10}{'px rms':>8}{'px med':>8}{'in CI':>7}{'s':>7}")
+    for arch in args.archs.split(","):
+        front, back = models(args.models, arch, args.epochs)
+        points = ARCHS[arch][1]
+        runs: dict[str, list[ResultRow]] = {}
+        for method in ("paper", "fast"):
+            t0 = time.perf_counter()
+            runs[method] = job(front, back, points, {"method": method}, args.n, args.test,
+                               args.cache)
+            print(f"# {arch} {method}: {time.perf_counter() - t0:.0f} s", flush=True)
+        if args.match:
+            for point, row in zip(points, runs["paper"], strict=True):
+                assert row.iri is not None
+                matched = {"method": "fast", "extra_rounds": 0,
+                           "stop_below": max(row.iri.median, 1e-3)}
+                runs.setdefault("fast@d", []).extend(
+                    job(front, back, [point], matched, args.n, args.test, args.cache))
+        for i, point in enumerate(points):
+            ref = runs["paper"][i]
+            for method, rows in runs.items():
+                r = rows[i]
+                assert r.iri is not None
+                lo, hi = ref.agreement_ci
+                inside = "" if method == "paper" else ("yes" if lo <= r.agreement <= hi else "NO")
+                print(f"{arch:<12}{point:<10}{method:<8}{r.agreement:>10.3f}"
+                      f"{f'[{r.agreement_ci[0]:.3f}, {r.agreement_ci[1]:.3f}]':>16}"
+                      f"{r.iri.median:>10.3f}{r.iri.pixel_rms or 0:>8.3f}"
+                      f"{r.iri.pixel_median or 0:>8.3f}{inside:>7}{r.seconds:>7.0f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
