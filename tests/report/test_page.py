@@ -267,3 +267,21 @@ def test_drops_and_similarity_are_read_from_the_report() -> None:
     assert "0.432" in html[html.index('id="verdict-text"'):]
     results = html[html.index('id="results-table"'):]
     assert results.count(">0.500</td>") == 12  # once per stitch point and objective
+
+
+def test_the_iri_section_names_the_method_and_the_pixel_distances() -> None:
+    report = make_sample_report()
+    html = render_report_page(report)
+    section = html[html.index('<section id="iri">'):]
+    section = section[:section.index("</section>")]
+    assert "IRI method: <code>paper (the paper&#x27;s code)</code>" in section \
+        or "IRI method: <code>paper (the paper's code)</code>" in section
+    assert "pixel rms" in section and "pixel median" in section
+    first = next(r.iri for r in report.results if r.iri is not None)
+    assert f"{first.pixel_rms:.3f}" in section
+    # A report from before the methods were named shows dashes, not an error.
+    old = report.model_copy(update={"results": [
+        r.model_copy(update={"iri": r.iri.model_copy(update={
+            "method": None, "pixel_rms": None, "pixel_median": None})}) if r.iri else r
+        for r in report.results]})
+    assert "IRI method" not in render_report_page(old).split('<section id="iri">')[1]
