@@ -20,6 +20,7 @@ Measured (2 shared cores, 2026-12-03, --n 96 --test 300, default points): see th
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -51,16 +52,72 @@ def models(root: Path, arch: str, epochs: int) -> tuple[Path, Path]:
     return paths[0], paths[1]
 
 
+def pair(point: str) -> dict[str, str]:
+    """"layer2" (the same name in both models) or "blocks.2@layer2" (front@back)."""
+    front, _, back = point.partition("@")
+    return {"front": front, "back": back or front}
+
+
 def job(front: Path, back: Path, points: list[str], iri: dict[str, Any], n: int, test: int,
         cache: Path) -> list[ResultRow]:
     spec = Spec.model_validate({
         "front": {"checkpoint": {"path": str(front)}, "preprocess": "timm"},
         "back": {"checkpoint": {"path": str(back)}, "preprocess": "timm"},
-        "dataset": DATASET, "layers": [{"front": p, "back": p} for p in points],
+        "dataset": DATASET, "layers": [pair(p) for p in points],
         "objectives": ["dm"], "protocols": ["invariance_aware"], "directions": "front_to_back",
         "train": {"max_train_samples": n, "max_test_samples": test}, "iri": iri,
     })
     return run_job(spec, resources=Resources(cache_dir=cache)).results
+
+
+def compare(label: str, front: Path, back: Path, points: list[str],
+            args: argparse.Namespace) -> None:
+    runs: dict[str, list[ResultRow]] = {}
+    for method in ("paper", "fast"):
+        t0 = time.perf_counter()
+        runs[method] = job(front, back, points, {"method": method}, args.n, args.test, args.cache)
+        print(f"# {label} {method}: {time.perf_counter() - t0:.0f} s", flush=True)
+    if args.match:
+        for point, row in zip(points, runs["paper"], strict=True):
+            assert row.iri is not None
+            matched = {"method": "fast", "extra_rounds": 0, "stop_below": max(row.iri.median, 1e-3)}
+            runs.setdefault("fast@d", []).extend(
+                job(front, back, [point], matched, args.n, args.test, args.cache))
+    for i, point in enumerate(points):
+        ref = runs["paper"][i]
+        for method, rows in runs.items():
+            r = rows[i]
+            assert r.iri is not None
+            lo, hi = ref.agreement_ci
+            inside = "" if method == "paper" else ("yes" if lo <= r.agreement <= hi else "NO")
+            print(f"{label:<12}{point:<10}{method:<8}{r.agreement:>10.3f}"
+                  f"{f'[{r.agreement_ci[0]:.3f}, {r.agreement_ci[1]:.3f}]':>16}"
+                  f"{r.iri.median:>10.3f}{r.iri.pixel_rms or 0:>8.3f}"
+                  f"{r.iri.pixel_median or 0:>8.3f}{inside:>7}{r.seconds:>7.0f}", flush=True)
+
+
+def demo(models: Path, cache: Path) -> None:
+    """The demo's two checks (examples/demo-spec.json, in-process) under each method: the
+    similarity each gives, to place the demo's threshold between them."""
+    from stitchsim_worker.run_command import train_demo_models
+
+    for line in train_demo_models(models):
+        print(line, flush=True)
+    base = json.loads((Path(__file__).parents[1] / "examples/demo-spec.json").read_text())
+    checks = {"seeds": ("reference", "retrained", "digits_digit_only"),
+              "shortcut": ("shortcut", "reference", "digits_marker")}
+    for method in ("paper", "fast"):
+        for name, (f, b, dataset) in checks.items():
+            spec = Spec.model_validate({
+                **base, "dataset": dataset, "iri": {"method": method},
+                "front": {"checkpoint": {"path": str(models / f"{f}.safetensors")}},
+                "back": {"checkpoint": {"path": str(models / f"{b}.safetensors")}}})
+            r = run_job(spec, resources=Resources(cache_dir=cache))
+            cells = "; ".join(
+                f"{row.front_layer} {row.protocol} {row.agreement:.3f}"
+                + (f" (IRIs {row.iri.median:.2f}, px {row.iri.pixel_median:.2f})"
+                   if row.iri else "") for row in r.results)
+            print(f"{method} {name}: similarity {r.summary.similarity:.3f}; {cells}", flush=True)
 
 
 def main() -> None:
@@ -68,41 +125,30 @@ def main() -> None:
     p.add_argument("--models", type=Path, default=Path(".stitchsim/bench-models"))
     p.add_argument("--cache", type=Path, default=Path(".stitchsim/bench-cache"))
     p.add_argument("--archs", default=",".join(ARCHS))
+    p.add_argument("--pair", action="append", default=[], metavar="LABEL=FRONT:BACK:P1,P2,P3",  # P: name or front@back
+                   help="compare these checkpoints at these points instead of training models")
     p.add_argument("--n", type=int, default=96, help="training inputs (IRIs) per point")
     p.add_argument("--test", type=int, default=300, help="test inputs")
     p.add_argument("--epochs", type=int, default=4, help="training epochs of the models")
     p.add_argument("--match", action="store_true",
                    help="also run fast stopped at paper's median distance per point")
+    p.add_argument("--demo", type=Path, metavar="MODELS",
+                   help="instead: the demo's two checks under each method (models trained "
+                   "into MODELS when missing, as demo-models does)")
     args = p.parse_args()
-    print(f"{'arch':<12}{'point':<10}{'method':<8}{'agreement':>10}{'95% CI':>16}"
+    if args.demo:
+        demo(args.demo, args.cache)
+        return
+    print(f"{'pair':<12}{'point':<10}{'method':<8}{'agreement':>10}{'95% CI':>16}"
           f"{'feat. med':>10}{'px rms':>8}{'px med':>8}{'in CI':>7}{'s':>7}")
-    for arch in args.archs.split(","):
-        front, back = models(args.models, arch, args.epochs)
-        points = ARCHS[arch][1]
-        runs: dict[str, list[ResultRow]] = {}
-        for method in ("paper", "fast"):
-            t0 = time.perf_counter()
-            runs[method] = job(front, back, points, {"method": method}, args.n, args.test,
-                               args.cache)
-            print(f"# {arch} {method}: {time.perf_counter() - t0:.0f} s", flush=True)
-        if args.match:
-            for point, row in zip(points, runs["paper"], strict=True):
-                assert row.iri is not None
-                matched = {"method": "fast", "extra_rounds": 0,
-                           "stop_below": max(row.iri.median, 1e-3)}
-                runs.setdefault("fast@d", []).extend(
-                    job(front, back, [point], matched, args.n, args.test, args.cache))
-        for i, point in enumerate(points):
-            ref = runs["paper"][i]
-            for method, rows in runs.items():
-                r = rows[i]
-                assert r.iri is not None
-                lo, hi = ref.agreement_ci
-                inside = "" if method == "paper" else ("yes" if lo <= r.agreement <= hi else "NO")
-                print(f"{arch:<12}{point:<10}{method:<8}{r.agreement:>10.3f}"
-                      f"{f'[{r.agreement_ci[0]:.3f}, {r.agreement_ci[1]:.3f}]':>16}"
-                      f"{r.iri.median:>10.3f}{r.iri.pixel_rms or 0:>8.3f}"
-                      f"{r.iri.pixel_median or 0:>8.3f}{inside:>7}{r.seconds:>7.0f}", flush=True)
+    for pair in args.pair:
+        label, rest = pair.split("=", 1)
+        front, back, points = rest.split(":")
+        compare(label, Path(front), Path(back), points.split(","), args)
+    if not args.pair:
+        for arch in args.archs.split(","):
+            front, back = models(args.models, arch, args.epochs)
+            compare(arch, front, back, ARCHS[arch][1], args)
 
 
 if __name__ == "__main__":
