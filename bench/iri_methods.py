@@ -125,8 +125,9 @@ def main() -> None:
     p.add_argument("--models", type=Path, default=Path(".stitchsim/bench-models"))
     p.add_argument("--cache", type=Path, default=Path(".stitchsim/bench-cache"))
     p.add_argument("--archs", default=",".join(ARCHS))
-    p.add_argument("--pair", action="append", default=[], metavar="LABEL=FRONT:BACK:P1,P2,P3",  # P: name or front@back
-                   help="compare these checkpoints at these points instead of training models")
+    p.add_argument("--pair", action="append", default=[], metavar="LABEL=FRONT:BACK:P1,P2,P3",
+                   help="compare these checkpoints at these points (P: a name in both, or "
+                   "front@back) instead of training models")
     p.add_argument("--n", type=int, default=96, help="training inputs (IRIs) per point")
     p.add_argument("--test", type=int, default=300, help="test inputs")
     p.add_argument("--epochs", type=int, default=4, help="training epochs of the models")
