@@ -250,7 +250,9 @@ def test_caveats_stand_under_the_verdict() -> None:
     assert 'id="verdict-caveats"' in verdict and caveat in verdict
     # The engine's own, from the sample's unconverged deepest IRIs.
     engine = render_report_page(make_sample_report())
-    assert "rests on IRIs that did not converge at back_to_front layer3-&gt;layer3" in engine
+    assert ("rests on IRIs (iri.method paper) that did not converge at back_to_front "
+            "layer3-&gt;layer3") in engine
+    assert "rests on IRIs made by iri.method paper (the paper&#x27;s code)" in engine
     assert 'id="verdict-caveats"' not in render_report_page(make_sample_report(caveats=[]))
 
 
