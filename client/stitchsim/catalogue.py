@@ -185,6 +185,18 @@ class DatasetFormatEntry(Entry):
     """Python packages its reader needs beyond the client's own (the `data` extra)."""
 
 
+@dataclass(frozen=True)
+class IRIMethodEntry(Entry):
+    preset: tuple[tuple[str, object], ...] = ()
+    """The iri settings it stands for (field, value); a field the spec sets wins over it."""
+    default: bool = False
+    """The method of a spec that names none."""
+
+    @property
+    def settings(self) -> dict[str, object]:
+        return dict(self.preset)
+
+
 E = TypeVar("E", bound=Entry)
 
 
@@ -434,6 +446,29 @@ OUTPUT_KINDS: Kind[OutputKindEntry] = Kind("output kind", (
         hard_agreement="retrieval agreement", psnr=True, grid=True),
 ))
 
+IRI_METHODS: Kind[IRIMethodEntry] = Kind("IRI method", (
+    # Every preset names the same fields, so switching methods leaves nothing of the other.
+    IRIMethodEntry(
+        "paper", "the paper's code", "as the invariance-aware paper's code makes IRIs "
+        "(external/attacks/pgd_iris.py): from uniform noise, 200 steps of exactly 1/255 "
+        "against the sign of each step's own gradient, the last iterate kept, no early "
+        "stopping, no extra rounds", short="paper", default=True,
+        preset=(("steps", 200), ("step_size", 1 / 255), ("momentum", 0.0),
+                ("schedule", "constant"), ("cycle_steps", 200), ("extra_rounds", 0),
+                ("extra_round_growth", 1), ("stop_below", None), ("iterate", "last"),
+                ("extra_rounds_stop_at_aim", False))),
+    IRIMethodEntry(
+        "fast", "fast (momentum)", "the service's default before issue 26: MI-FGSM momentum 0.9, a "
+        "cosine schedule peaking at 32/255 over 100-step cycles, each sample's best iterate, "
+        "early stopping below 0.02 and up to 6 extra rounds while the median is short of the "
+        "convergence line (700 steps at most); fewer steps, but its figures depend on where "
+        "the optimiser lands (bench/iri_methods.py)", short="fast",
+        preset=(("steps", 100), ("step_size", 32 / 255), ("momentum", 0.9),
+                ("schedule", "cosine"), ("cycle_steps", 100), ("extra_rounds", 6),
+                ("extra_round_growth", 1), ("stop_below", 0.02), ("iterate", "best"),
+                ("extra_rounds_stop_at_aim", False))),
+))
+
 _IMAGE_PACKAGES = ("numpy", "PIL")
 DATASET_FORMATS: Kind[DatasetFormatEntry] = Kind("dataset format", (
     DatasetFormatEntry(
@@ -461,7 +496,7 @@ DATASET_FORMATS: Kind[DatasetFormatEntry] = Kind("dataset format", (
 
 KINDS: tuple[Kind[Entry], ...] = (  # type: ignore[assignment]
     OBJECTIVES, PROTOCOLS, CONTROLS, CUES, ATTACKS, MEASURES, ROW_FIGURES, MEASURE_INPUTS,
-    MODEL_SOURCES, OUTPUT_KINDS, DATASET_FORMATS,
+    MODEL_SOURCES, OUTPUT_KINDS, DATASET_FORMATS, IRI_METHODS,
 )
 """Every kind of name, for the tests that hold each against its engine registry and render
 every entry."""

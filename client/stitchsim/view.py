@@ -183,6 +183,17 @@ def iri_rows(report: Report, direction: Direction) -> list[ResultRow]:
     return list(seen.values())
 
 
+def iri_method(report: Report) -> str | None:
+    """How the report's IRIs were made, in words: "paper (the paper's code)", with the fields
+    the spec changed ("paper (steps 50) (the paper's code)"); None when no figure used IRIs
+    or the report predates named methods."""
+    settings = report.iri_settings
+    if settings is not None:
+        return f"{settings.described()} ({catalogue.IRI_METHODS.label(settings.method)})"
+    named = next((r.iri.method for r in report.results if r.iri and r.iri.method), None)
+    return f"{named} ({catalogue.IRI_METHODS.label(named)})" if named else None
+
+
 def model_names(report: Report) -> tuple[str, str]:
     front, back = report.front.arch, report.back.arch
     if front == back:

@@ -125,8 +125,18 @@ def test_unconverged_iris_are_flagged(ckpts, tmp_path: Path) -> None:
         iri={"steps": 2, "extra_rounds": 0},  # no convergence-driven rounds to rescue it
     )
     report = run(s, tmp_path)
-    assert not report.results[0].iri.converged
+    stats = report.results[0].iri
+    assert not stats.converged
     assert any("did not converge" in w and "layer1" in w for w in report.warnings)
+    # The report names the method and its effective settings, the verdict's caveats name it,
+    # and the IRIs' pixel distance stands beside their feature distance: two steps of 1/255
+    # from uniform noise leave them far from x (about 0.3-0.4 rms: noise is ~0.4 from a digit).
+    assert stats.method == "paper" and report.iri_settings == s.iri
+    assert report.iri_settings.described() == "paper (steps 2)"
+    assert 0.2 < stats.pixel_median < 0.6 and 0.2 < stats.pixel_rms < 0.6, stats
+    method, loose = report.verdict_caveats
+    assert "iri.method paper (steps 2) (the paper's code)" in method
+    assert "did not converge" in loose and "iri.method paper (steps 2)" in loose
 
 
 def test_both_directions_and_the_shortcut_control(ckpts, tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
-"""IRI synthesis itself (issue 12, 17): the defaults converge at stage points of a CNN and a ViT,
-early stopping and compaction keep the quality, extra rounds run only when needed, and a seed
-fixes every number."""
+"""IRI synthesis itself (issue 12, 17): the fast method's defaults converge at stage points of
+a CNN and a ViT, early stopping and compaction keep the quality, extra rounds run only when
+needed, and a seed fixes every number."""
 
 from __future__ import annotations
 
@@ -24,6 +24,12 @@ from stitchsim_worker.engine.models.network import Network
 from stitchsim_worker.engine.stitching.bank import Bank, BankBuilder
 
 CPU = torch.device("cpu")
+
+
+def fast_iri(**fields: object) -> IRISettings:
+    """These tests hold the fast method's machinery (momentum, schedules, early stopping,
+    extra rounds, kernels); the paper's method is held in test_iri_methods."""
+    return IRISettings.model_validate({"method": "fast", **fields})
 N = 24  # training inputs per IRI set: one batch, a few seconds per point
 
 
@@ -65,7 +71,7 @@ def make(net: Network, point: str, pixels: Bank, banks: BankBuilder,
     ("vit", "blocks.0"), ("vit", "blocks.5"),
 ])
 def test_defaults_converge_at_stage_points(networks, pixels, banks, family, point) -> None:  # type: ignore[no-untyped-def]
-    settings = IRISettings()
+    settings = fast_iri()
     made = make(networks[family], point, pixels, banks, settings)
     median, start = float(np.median(made.final)), float(np.median(made.start))
     assert median < settings.converged_below, (family, point, median)
@@ -80,7 +86,7 @@ def test_momentum_gets_further_than_plain_signed_steps_in_the_same_steps(network
     each step's own gradient: where plain signed steps oscillate (the ReLU stem of act1) the
     running sum gets much further; momentum 0 is the original signed step."""
     net = networks["resnet"]
-    one_round = IRISettings(steps=100, extra_rounds=0, stop_below=None)
+    one_round = fast_iri(steps=100, extra_rounds=0, stop_below=None)
     plain_steps = one_round.model_copy(update={"momentum": 0.0})
     for point in ("act1", "layer2"):
         with_momentum, plain = (make(net, point, pixels, banks, s)
@@ -93,8 +99,8 @@ def test_momentum_gets_further_than_plain_signed_steps_in_the_same_steps(network
 
 def test_early_stopping_saves_steps_and_keeps_quality(networks, pixels, banks) -> None:
     net, point = networks["vit"], "blocks.2"
-    stopping = IRISettings(stop_below=0.1)  # looser than the default, so that many stop
-    every_step = IRISettings(stop_below=None)
+    stopping = fast_iri(stop_below=0.1)  # looser than the default, so that many stop
+    every_step = fast_iri(stop_below=None)
     fast, full = (make(net, point, pixels, banks, s) for s in (stopping, every_step))
     assert fast.steps.mean() < 0.95 * full.steps.mean()
     assert (full.steps == every_step.steps).all()
@@ -113,15 +119,15 @@ def test_early_stopping_saves_steps_and_keeps_quality(networks, pixels, banks) -
 def test_extra_rounds_run_only_while_the_median_is_short_of_the_aim(networks, pixels,
                                                                   banks) -> None:
     net, point = networks["resnet"], "layer2"
-    short = IRISettings(steps=10, extra_rounds=0, stop_below=None)
-    driven = IRISettings(steps=10, extra_rounds=2, stop_below=None)
+    short = fast_iri(steps=10, extra_rounds=0, stop_below=None)
+    driven = fast_iri(steps=10, extra_rounds=2, stop_below=None)
     a, b = (make(net, point, pixels, banks, s) for s in (short, driven))
     assert (a.steps == 10).all()
     assert np.median(a.final) >= short.converged_below  # 10 steps are not enough here
     assert b.steps.max() > 10 and b.steps.max() <= driven.max_steps == 30
     assert np.median(b.final) < np.median(a.final)
     # A line that 10 steps already meet: no extra round.
-    easy = IRISettings(steps=10, extra_rounds=2, stop_below=None, converged_below=0.99)
+    easy = fast_iri(steps=10, extra_rounds=2, stop_below=None, converged_below=0.99)
     assert (make(net, point, pixels, banks, easy).steps == 10).all()
 
 
@@ -129,7 +135,7 @@ def test_extra_rounds_that_stop_at_the_aim_step_only_the_samples_above_it(networ
                                                                           banks) -> None:
     net, point = networks["resnet"], "layer2"
     # 10 steps leave the median above the line here (the test above), so extra rounds run.
-    every = IRISettings(steps=10, extra_rounds=6, stop_below=None,
+    every = fast_iri(steps=10, extra_rounds=6, stop_below=None,
                         extra_rounds_stop_at_aim=False)
     at_aim = every.model_copy(update={"extra_rounds_stop_at_aim": True})
     full, fast = (make(net, point, pixels, banks, s) for s in (every, at_aim))
@@ -146,7 +152,7 @@ def test_extra_rounds_that_stop_at_the_aim_step_only_the_samples_above_it(networ
 def test_a_seed_fixes_every_number(networks, pixels, banks) -> None:
     net, point = networks["resnet"], "layer3"
     # Loose lines, so that stopping, compaction and an extra round all happen in 30 steps.
-    settings = IRISettings(steps=10, stop_below=0.3, converged_below=0.2)
+    settings = fast_iri(steps=10, stop_below=0.3, converged_below=0.2)
     first, again = (make(net, point, pixels, banks, settings) for _ in range(2))
     assert first.steps.max() > 10 and first.steps.min() < first.steps.max()
     assert np.array_equal(first.steps, again.steps)
@@ -157,31 +163,31 @@ def test_a_seed_fixes_every_number(networks, pixels, banks) -> None:
 
 
 def test_schedules() -> None:
-    cosine = step_schedule(IRISettings(step_size=0.1, cycle_steps=4), 8)
+    cosine = step_schedule(fast_iri(step_size=0.1, cycle_steps=4), 8)
     assert cosine[0] == cosine[4] == pytest.approx(0.1)  # restarts each cycle
     assert cosine[1] > cosine[2] > cosine[3] > 0
-    growing = IRISettings(step_size=0.1, cycle_steps=4, extra_round_growth=2)
+    growing = fast_iri(step_size=0.1, cycle_steps=4, extra_round_growth=2)
     longer = step_schedule(growing, 8, round_index=1)
     assert longer[4] < longer[3]  # one cycle of 8 in the first extra round: no restart
-    same = step_schedule(IRISettings(step_size=0.1, cycle_steps=4), 8, round_index=1)
+    same = step_schedule(fast_iri(step_size=0.1, cycle_steps=4), 8, round_index=1)
     assert same == cosine  # rounds of one length: cycles of one length
-    assert step_schedule(IRISettings(schedule="constant", step_size=0.2), 3) == [0.2] * 3
-    assert round_lengths(IRISettings(steps=100, extra_rounds=2)) == [100, 100, 100]
-    assert IRISettings().max_steps == 700  # the defaults: 7 cycles of 100 at most
-    doubling = IRISettings(steps=100, extra_rounds=2, extra_round_growth=2)
+    assert step_schedule(fast_iri(schedule="constant", step_size=0.2), 3) == [0.2] * 3
+    assert round_lengths(fast_iri(steps=100, extra_rounds=2)) == [100, 100, 100]
+    assert fast_iri().max_steps == 700  # the defaults: 7 cycles of 100 at most
+    doubling = fast_iri(steps=100, extra_rounds=2, extra_round_growth=2)
     assert round_lengths(doubling) == [100, 200, 400] and doubling.max_steps == 700
 
 
 def test_a_cap_beyond_the_limit_is_refused_with_what_to_change() -> None:
     with pytest.raises(ValueError, match="lower iri.steps or iri.extra_rounds"):
-        IRISettings(steps=10_000)
-    assert IRISettings(steps=10_000, extra_rounds=0).max_steps == 10_000
+        fast_iri(steps=10_000)
+    assert fast_iri(steps=10_000, extra_rounds=0).max_steps == 10_000
 
 
 def test_fast_kernels_change_only_float_rounding(networks, pixels, banks) -> None:
     """Channels-last images (the CNN) and the native kernel for the pixel convolution's
     gradient (both) are the same method: the IRIs come out as close as the plain kernels'."""
-    settings = IRISettings(steps=20, extra_rounds=0)
+    settings = fast_iri(steps=20, extra_rounds=0)
     plain_kernels = settings.model_copy(update={"fast_kernels": False})
     for family, point in (("vit", "blocks.2"), ("resnet", "layer3")):
         fast = make(networks[family], point, pixels, banks, settings)
@@ -213,7 +219,7 @@ def test_the_pixel_convolution_gradient_is_the_convolution_gradient(conv, shape)
 
 
 def test_kernels_follow_the_point_and_the_setting() -> None:
-    on, off = IRISettings(), IRISettings(fast_kernels=False)
+    on, off = fast_iri(), fast_iri(fast_kernels=False)
     assert Kernels.pick(on, CPU, 4) == Kernels(torch.channels_last, pixel_conv_grad=True)
     assert Kernels.pick(on, CPU, 3) == Kernels(pixel_conv_grad=True)  # tokens: NCHW images
     assert Kernels.pick(off, CPU, 4) == Kernels()

@@ -11,6 +11,7 @@ import pytest
 from stitchsim import catalogue
 from stitchsim.table import format_table
 from stitchsim_service.gateway.pages import render_report_page
+from stitchsim_worker.engine.iri.methods import IRI_METHODS
 from stitchsim_worker.engine.measures.metrics import FIGURES
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
 from stitchsim_worker.engine.measures.similarity import MEASURES
@@ -36,6 +37,7 @@ ENGINE: dict[str, Registry] = {  # type: ignore[type-arg]
     catalogue.MEASURES.kind: MEASURES,
     catalogue.ROW_FIGURES.kind: FIGURES,
     catalogue.OUTPUT_KINDS.kind: OUTPUTS,
+    catalogue.IRI_METHODS.kind: IRI_METHODS,
 }
 WITHOUT_ENGINE_REGISTRY = {
     catalogue.MEASURE_INPUTS.kind: "real inputs and IRIs are the two inputs measures.in_job "

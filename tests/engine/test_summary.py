@@ -21,7 +21,8 @@ SPEC = Spec.model_validate({
 
 
 def _iri(converged: bool) -> IRIStats:
-    return IRIStats(start_median=0.9, median=0.1 if converged else 0.4, p90=0.5, max=0.6,
+    return IRIStats(method="paper", start_median=0.9, median=0.1 if converged else 0.4, p90=0.5,
+                    max=0.6,
                     converged=converged, cache_hit=False, n=10, seconds=1.0)
 
 
@@ -99,10 +100,15 @@ def test_the_similarity_protocol_is_the_highest_ranked_that_ran() -> None:
 
 
 def test_unconverged_iris_are_a_caveat_of_the_verdict() -> None:
-    caveats = verdict_caveats(summarise(SPEC, ROWS), ROWS)
-    assert len(caveats) == 1 and "back_to_front layer3->layer3 (median 0.40)" in caveats[0]
+    method, loose = verdict_caveats(summarise(SPEC, ROWS), ROWS, SPEC.iri)
+    assert "back_to_front layer3->layer3 (median 0.40)" in loose
+    assert f"iri.method {SPEC.iri.described()}" in method and "iri.method" in loose
     converged = [r for r in ROWS if r.iri is None or r.iri.converged]
-    assert verdict_caveats(summarise(SPEC, converged), converged) == []
+    # Converged IRIs leave the one caveat every IRI figure carries: the method it rests on.
+    assert verdict_caveats(summarise(SPEC, converged), converged) == [method]
+    standard = [r for r in ROWS if r.protocol == "standard"]
+    spec = SPEC.model_copy(update={"protocols": ["standard"]})
+    assert verdict_caveats(summarise(spec, standard), standard) == []
 
 
 def test_a_model_at_chance_withholds_the_verdict() -> None:

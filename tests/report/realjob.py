@@ -42,7 +42,7 @@ def tiny_spec(front: str, back: str, layer: str | None) -> dict[str, Any]:
         "protocols": ["standard", "invariance_aware"],
         "directions": "both",
         "train": {"epochs": 1, "max_train_samples": 200, "max_test_samples": 100},
-        "iri": {"steps": 10},
+        "iri": {"method": "fast", "steps": 10},
         "controls": ["identity", "clustered_noise"],
         "threshold": 0.5,
     }

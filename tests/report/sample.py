@@ -62,7 +62,8 @@ def _row(direction: Direction, k: int, n: int, objective: Objective, protocol: P
     if protocol == "invariance_aware":
         iri = IRIStats(start_median=0.93 + 0.01 * k, median=0.04 * (k + 1), p90=0.07 * (k + 1),
                        max=0.12 * (k + 1) + (0.2 if k == n - 1 else 0.0), converged=k < n - 1,
-                       cache_hit=objective == "fula", n=200, seconds=3.2 + k)
+                       cache_hit=objective == "fula", n=200, seconds=3.2 + k,
+                       method="paper", pixel_rms=0.30 + 0.01 * k, pixel_median=0.29 + 0.01 * k)
     return ResultRow(
         direction=direction, front_layer=front_layer, back_layer=back_layer,
         objective=objective, protocol=protocol, agreement=agreement,

@@ -252,7 +252,9 @@ def test_caveats_stand_under_the_verdict() -> None:
     assert 'id="verdict-caveats"' in verdict and caveat in verdict
     # The engine's own, from the sample's unconverged deepest IRIs.
     engine = render_report_page(make_sample_report())
-    assert "rests on IRIs that did not converge at back_to_front layer3-&gt;layer3" in engine
+    assert ("rests on IRIs (iri.method paper) that did not converge at back_to_front "
+            "layer3-&gt;layer3") in engine
+    assert "rests on IRIs made by iri.method paper (the paper&#x27;s code)" in engine
     assert 'id="verdict-caveats"' not in render_report_page(make_sample_report(caveats=[]))
 
 
@@ -269,3 +271,21 @@ def test_drops_and_similarity_are_read_from_the_report() -> None:
     assert "0.432" in html[html.index('id="verdict-text"'):]
     results = html[html.index('id="results-table"'):]
     assert results.count(">0.500</td>") == 12  # once per stitch point and objective
+
+
+def test_the_iri_section_names_the_method_and_the_pixel_distances() -> None:
+    report = make_sample_report()
+    html = render_report_page(report)
+    section = html[html.index('<section id="iri">'):]
+    section = section[:section.index("</section>")]
+    assert "IRI method: <code>paper (the paper&#x27;s code)</code>" in section \
+        or "IRI method: <code>paper (the paper's code)</code>" in section
+    assert "pixel rms" in section and "pixel median" in section
+    first = next(r.iri for r in report.results if r.iri is not None)
+    assert f"{first.pixel_rms:.3f}" in section
+    # A report from before the methods were named shows dashes, not an error.
+    old = report.model_copy(update={"results": [
+        r.model_copy(update={"iri": r.iri.model_copy(update={
+            "method": None, "pixel_rms": None, "pixel_median": None})}) if r.iri else r
+        for r in report.results]})
+    assert "IRI method" not in render_report_page(old).split('<section id="iri">')[1]

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from stitchsim import catalogue
 
 from tests.service.conftest import tiny_spec, upload
 from tests.service.helpers import dataset_bytes, raw_safetensors, restamp, torch_zip_bytes
@@ -45,6 +46,12 @@ def _spec(**over: Any) -> Callable[..., httpx.Response]:
 
 
 _DROP = object()
+
+
+def _allowed(names: tuple[str, ...]) -> str:
+    """How the message lists a catalogue kind's names: 'a', 'b' or 'c'."""
+    quoted = [repr(n) for n in names]
+    return " or ".join([", ".join(quoted[:-1]), quoted[-1]] if len(quoted) > 1 else quoted)
 
 
 def _multipart_new_files_bad_layer(c: httpx.Client, env: dict[str, Any]) -> httpx.Response:
@@ -128,6 +135,8 @@ CASES = [
     Case("unknown objective", _spec(objectives=["accuracy"]), 422, "invalid_spec",
          "objectives"),
     Case("unknown field", _spec(epochs=3), 422, "invalid_spec", "epochs"),
+    Case("unknown iri.method", _spec(iri={"method": "momentum"}), 422, "invalid_spec",
+         f"iri.method: Input should be {_allowed(catalogue.IRI_METHODS.names)}"),
     Case("unknown dataset", _spec(dataset="imagenet"), 422, "unknown_dataset", "built-in"),
     Case("cross_task without front_dataset", _spec(protocols=["cross_task"], objectives=["hlm"]),
          422, "invalid_spec", "front_dataset"),

@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from stitchsim.models.spec import (
+    IRISettings,
     Spec,
 )
 from stitchsim.models.vocabulary import (
@@ -14,6 +15,7 @@ from stitchsim.models.vocabulary import (
     Control,
     Cue,
     Direction,
+    IRIMethod,
     Measure,
     MeasureInput,
     Objective,
@@ -27,6 +29,9 @@ from stitchsim.models.vocabulary import (
 
 
 class IRIStats(BaseModel):
+    method: IRIMethod | None = Field(
+        default=None, description="the IRI method (iri.method) they were made with; null in "
+        "reports from before methods were named")
     start_median: float
     median: float
     p90: float
@@ -40,6 +45,13 @@ class IRIStats(BaseModel):
     steps_used: float | None = Field(
         default=None, description="mean steps a sample actually took (early stopping)"
     )
+    pixel_rms: float | None = Field(
+        default=None, description="the IRIs' distance from their inputs in pixels: the root "
+        "mean square of x' - x over every pixel of every IRI, in [0,1] units (1/255: one grey "
+        "level)")
+    pixel_median: float | None = Field(
+        default=None, description="the median over IRIs of each one's RMS pixel distance from "
+        "its input")
 
 
 class RobustStats(BaseModel):
@@ -317,6 +329,10 @@ class Report(BaseModel):
     verdict_caveats: list[str] = Field(
         default=[], description="what the verdict's figure rests on that weakens it"
     )
+    iri_settings: IRISettings | None = Field(
+        default=None, description="the IRI method and its effective settings (the method's "
+        "preset under the fields the spec set), when any figure of the job was computed on "
+        "IRIs; null otherwise")
     warnings: list[str] = []
     notes: list[str] = Field(
         default=[], description="how to read figures of this job (e.g. cross-task pairing)"

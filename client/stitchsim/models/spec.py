@@ -13,6 +13,7 @@ from stitchsim.models.vocabulary import (
     Cue,
     Direction,
     Directions,
+    IRIMethod,
     Measure,
     Objective,
     OutputKind,
@@ -96,64 +97,82 @@ class TrainSettings(_Strict):
 
 
 IRISchedule = Literal["cosine", "constant"]
+IRIIterate = Literal["best", "last"]
 MAX_IRI_STEPS = 20_000  # per sample, extra rounds included
+
+
+def _preset(field: str) -> Any:
+    """The default method's value of a preset field: the schema's default (a spec that names
+    no method gets it through the preset, not through this)."""
+    return catalogue.IRI_METHODS[catalogue.IRI_METHODS.one(default=True)].settings[field]
 
 
 class IRISettings(_Strict):
     """How IRIs are synthesised (DESIGN §1): signed-gradient steps from uniform noise.
 
-    The defaults depart from DESIGN's 200 constant steps of 1/255: a cosine schedule from a
-    large step, the sign of a running sum of gradients (momentum), the best iterate kept per
-    sample, per-sample early stopping and convergence-driven extra rounds converge at every
-    stage point of the built-in sets, in less time (bench/iri_convergence.py).
-    `schedule: "constant", step_size: 1/255, momentum: 0, extra_rounds: 0, stop_below: null`
-    is the original method.
+    `method` names a preset of the step fields (catalogue.IRI_METHODS): `paper` (the default)
+    is the invariance-aware paper's code, 200 constant steps of 1/255 on each step's own
+    gradient, the last iterate; `fast` is the service's earlier default (momentum, cosine
+    schedule, best iterate, early stopping, extra rounds; bench/iri_methods.py compares them).
+    A field the spec sets wins over the preset; the fields it leaves unset take the preset's
+    value (`overrides()` lists the ones that differ from it).
     """
 
-    steps: int = Field(default=100, ge=1, le=10_000, description="steps of the first round")
+    method: IRIMethod = Field(
+        default=catalogue.IRI_METHODS.one(default=True),
+        description="the preset of the step fields below: " + catalogue.IRI_METHODS.describe(),
+    )
+    steps: int = Field(default=_preset("steps"), ge=1, le=10_000,
+                       description="steps of the first round")
     step_size: float = Field(
-        default=32 / 255, gt=0, le=1,
+        default=_preset("step_size"), gt=0, le=1,
         description="in [0,1] pixel units: the peak step (cosine) or the fixed step (constant)",
     )
     momentum: float = Field(
-        default=0.9, ge=0, lt=1,
+        default=_preset("momentum"), ge=0, lt=1,
         description="each step follows the sign of a running sum of the sample's gradients "
         "(each scaled to unit mean magnitude), decayed by this factor per step (MI-FGSM): a "
         "direction that holds across steps is kept through the oscillation of plain signed "
-        "steps; 0: the sign of the step's own gradient (the original method)",
+        "steps; 0: the sign of the step's own gradient (the paper's method)",
     )
     schedule: IRISchedule = Field(
-        default="cosine",
-        description="cosine: the step falls from step_size to ~0 over each cycle, then restarts",
+        default=_preset("schedule"),
+        description="cosine: the step falls from step_size to ~0 over each cycle, then "
+        "restarts; constant: every step is step_size (the paper's method)",
     )
     cycle_steps: int = Field(
-        default=100, ge=1, le=10_000,
+        default=_preset("cycle_steps"), ge=1, le=10_000,
         description="length of a cosine cycle in the first round; each extra round's is "
         "extra_round_growth times the one before",
     )
     extra_rounds: int = Field(
-        default=6, ge=0, le=6,
+        default=_preset("extra_rounds"), ge=0, le=6,
         description="convergence-driven mode: while a batch's median distance is at or above "
         "0.9 x converged_below, run another round of extra_round_growth times the previous "
         "round's steps, at most this many times (0: off); the cap is the sum of the rounds "
-        "(max_steps: 700 at the defaults)",
+        "(max_steps: 700 under the fast method)",
     )
     extra_round_growth: int = Field(
-        default=1, ge=1, le=2,
+        default=_preset("extra_round_growth"), ge=1, le=2,
         description="each extra round (and its cosine cycle) is this many times as long as the "
         "one before: 1 checks the median after every cycle of cycle_steps, so a batch stops "
         "as soon as it is converged; 2 (the first releases) lengthens the cycles",
     )
     stop_below: float | None = Field(
-        default=0.02, gt=0, le=1,
+        default=_preset("stop_below"), gt=0, le=1,
         description="per-sample early stopping: a sample whose distance falls below this stops "
         "(and leaves the batch); null: every sample takes every step. Changes figures slightly",
+    )
+    iterate: IRIIterate = Field(
+        default=_preset("iterate"),
+        description="which iterate each sample keeps: best (the lowest distance it reached) "
+        "or last (where its last step landed, as the paper's code does)",
     )
     linf: float | None = Field(
         default=None, gt=0, le=1, description="optional L-inf bound of |x' - x|"
     )
     extra_rounds_stop_at_aim: bool = Field(
-        default=False,
+        default=_preset("extra_rounds_stop_at_aim"),
         description="true: in an extra round, a sample below the rounds' aim (0.9 x "
         "converged_below) leaves the batch, at the start or when it gets there, so the rounds "
         "step only the samples that keep the median up: fewer steps, but the IRIs end just "
@@ -171,6 +190,28 @@ class IRISettings(_Strict):
     converged_below: float = Field(
         default=0.25, gt=0, description="median final relative distance that counts as converged"
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _method_preset(cls, data: Any) -> Any:
+        """The method's preset under the fields the spec sets. An unknown method is left to
+        the field's own check, which names the allowed values."""
+        if not isinstance(data, dict):
+            return data
+        method = data.get("method", catalogue.IRI_METHODS.one(default=True))
+        entry = catalogue.IRI_METHODS.get(method) if isinstance(method, str) else None
+        return data if entry is None else {**entry.settings, **data}
+
+    def overrides(self) -> dict[str, Any]:
+        """The preset fields whose value is not the method's: what the spec changed."""
+        preset = catalogue.IRI_METHODS[self.method].settings
+        return {k: getattr(self, k) for k, v in preset.items() if getattr(self, k) != v}
+
+    def described(self) -> str:
+        """'paper' or 'paper (steps 50)': the method and what the spec changed of it."""
+        changed = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                            for k, v in self.overrides().items())
+        return f"{self.method} ({changed})" if changed else self.method
 
     @property
     def max_steps(self) -> int:

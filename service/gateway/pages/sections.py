@@ -275,12 +275,18 @@ def _excess_table(report: Report) -> str:
             "reports it):</p>" + table(cols, rows, "excess-table"))
 
 
+def _maybe(value: float | None) -> str:
+    """A figure a report from before it existed lacks: a dash."""
+    return "—" if value is None else fmt(value)
+
+
 def iri_section(report: Report, plots: Sequence[Plot]) -> str:
     if not plots:
         return ""
     cols = [Col("direction"), Col("from layer"), Col("start median", True),
             Col("median", True), Col("p90", True), Col("max", True), Col("converged"),
-            Col("cache"), Col("samples", True), Col("seconds", True)]
+            Col("pixel rms", True), Col("pixel median", True), Col("cache"),
+            Col("samples", True), Col("seconds", True)]
     rows = []
     for direction in view.directions(report):
         for r in view.iri_rows(report, direction):
@@ -290,16 +296,22 @@ def iri_section(report: Report, plots: Sequence[Plot]) -> str:
             source = view.stitch_order(r.front_layer, r.back_layer, direction)[0]
             rows.append([DIRECTION_LABEL[direction], code(source),
                          fmt(s.start_median), fmt(s.median), fmt(s.p90), fmt(s.max), ok,
+                         _maybe(s.pixel_rms), _maybe(s.pixel_median),
                          "hit" if s.cache_hit else "computed", str(s.n), fmt(s.seconds, 1)])
     caption = esc(
         "How closely the synthesised inputs (IRIs) match their source images in the front "
         "model's representation at each stitch point. If they did not converge, the "
         "invariance-aware score is not trustworthy at that point."
     )
+    method = view.iri_method(report)
+    made = (f"<p>IRI method: <code>{esc(method)}</code>. Pixel distances are RMS over the "
+            "image in [0,1] units (1/255 is one grey level): IRIs start from noise, so they "
+            "stay far from their inputs in pixels while close in features.</p>"
+            if method else "")
     figures = "".join(_figure(p, caption) for p in plots)
     return (
         '<section id="iri"><h2>IRI convergence</h2>'
-        f"{figures}{table(cols, rows, 'iri-table')}</section>"
+        f"{made}{figures}{table(cols, rows, 'iri-table')}</section>"
     )
 
 

@@ -5,16 +5,17 @@ steps on d(f<=i(x'), f<=i(x)), clamped to the pixel range (and optionally to an 
 around x). The front model then cannot tell x' from x at the stitch point, while any model
 that does not share its invariances can.
 
-How (IRISettings): the step follows a cosine schedule (or stays constant, the original
-method) against the sign of the gradient's running sum (`momentum`; 0: of the step's own
-gradient); each sample keeps its best iterate; a sample whose distance falls below
+How (IRISettings, whose `method` presets the step fields: catalogue.IRI_METHODS; `paper` is the
+invariance-aware paper's code, 200 constant steps of 1/255 on each step's own gradient, last
+iterate, no stopping): the step follows a cosine schedule (or stays constant) against the
+sign of the gradient's running sum (`momentum`; 0: of the step's own gradient); each sample
+keeps its best iterate or its last (`iterate`); a sample whose distance falls below
 `stop_below` stops and leaves the batch (compaction: later steps cost only the live samples);
 while a batch's median is short of the convergence line, extra rounds run (each as long as
 the first, or growing), up to `extra_rounds`; with `extra_rounds_stop_at_aim`, only the
 samples still above the rounds' aim take them. On the CPU, `fast_kernels` picks the memory
 format and the kernel of the pixel gradient (see Kernels). Everything is a function of the
-settings and the
-seed: deterministic on one device type.
+settings and the seed: deterministic on one device type.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from stitchsim.models import IRISettings, IRIStats
 from stitchsim_worker.engine.device import autocast
 from stitchsim_worker.engine.iri.cache import IRICache
 from stitchsim_worker.engine.iri.kernels import Kernels
-from stitchsim_worker.engine.measures.metrics import per_sample_distance
+from stitchsim_worker.engine.measures.metrics import per_sample_distance, pixel_rms
 from stitchsim_worker.engine.stitching.bank import Bank, BankBuilder
 
 log = logging.getLogger(__name__)
@@ -42,9 +43,9 @@ log = logging.getLogger(__name__)
 EXTRA_ROUNDS_AIM = 0.9
 
 
-CACHE_FORMAT = "iri-v4"  # v2: schedules, early stopping, extra rounds; v3: fast kernels,
+CACHE_FORMAT = "iri-v5"  # v2: schedules, early stopping, extra rounds; v3: fast kernels,
 # extra rounds of one length and optionally stopping at the aim, the median as reported;
-# v4: momentum
+# v4: momentum; v5: the last iterate (iri.iterate), keyed by the effective settings only
 
 
 @dataclass
@@ -58,7 +59,10 @@ def cache_key(
 ) -> str:
     """IRIs depend only on the front model, the stitch point, the data and the IRI settings
     (the convergence line too, when it decides whether extra rounds run)."""
-    knobs = settings.model_dump(exclude=set() if settings.extra_rounds else {"converged_below"})
+    # The method is a name for settings the key holds already: the same effective settings
+    # under either name are the same IRIs.
+    knobs = settings.model_dump(
+        exclude={"method"} if settings.extra_rounds else {"method", "converged_below"})
     blob = json.dumps(
         {
             "format": CACHE_FORMAT,
@@ -205,10 +209,12 @@ def _synthesize_batch(
     live = _Active(kernels.images(x), kernels.images(x_iri), target)
     aim = EXTRA_ROUNDS_AIM * settings.converged_below
     stop_below = settings.stop_below if settings.stop_below is not None else -1.0
+    keep_best = settings.iterate == "best"
 
     def record(d: torch.Tensor, images: torch.Tensor, line: float) -> None:
-        """Keep each sample's best iterate; stop the samples below the line."""
-        better = d < best_d[live.index]
+        """Keep each sample's best iterate (or every iterate, the last one staying); stop the
+        samples below the line."""
+        better = d < best_d[live.index] if keep_best else torch.ones_like(d, dtype=torch.bool)
         best_d[live.index[better]] = d[better]
         best[live.index[better]] = images[better]
         done = best_d[live.index] < line
@@ -247,6 +253,15 @@ def _synthesize_batch(
     return _Batch(best, start, best_d, taken)
 
 
+def pixel_distances(images: Bank, pixels: Bank) -> np.ndarray:
+    """Each IRI's RMS pixel distance from its training input, in [0,1] pixel units."""
+    out = np.zeros(images.n, dtype=np.float32)
+    for s in range(0, images.n, 1024):
+        sl = slice(s, min(images.n, s + 1024))
+        out[sl] = pixel_rms(images[sl], pixels[sl]).numpy()
+    return out
+
+
 def iri_stats(
     start: np.ndarray,
     final: np.ndarray,
@@ -255,9 +270,14 @@ def iri_stats(
     cache_hit: bool,
     seconds: float,
     steps_used: float,
+    pixels: np.ndarray | None = None,
 ) -> IRIStats:
+    """The figures of a set of IRIs; pixels: each one's RMS pixel distance from its input."""
     median = float(np.median(final))
     return IRIStats(
+        method=settings.method,
+        pixel_rms=None if pixels is None else float(np.sqrt(np.mean(np.square(pixels)))),
+        pixel_median=None if pixels is None else float(np.median(pixels)),
         start_median=float(np.median(start)),
         median=median,
         p90=float(np.quantile(final, 0.9)),
@@ -297,14 +317,19 @@ def get_iris(
             cache_hit=True,
             steps_used=meta["steps_used"],
             seconds=time.perf_counter() - t0,
+            pixels=pixel_distances(bank, pixels),
         )
         return IRIResult(bank, stats)
-    made = synthesize(front, pixels, settings, banks, device, on_step)
+    # Imported here: the methods' registry imports this module for its generator.
+    from stitchsim_worker.engine.iri.methods import IRI_METHODS
+
+    made = IRI_METHODS[settings.method].generate(front, pixels, settings, banks, device, on_step)
     seconds = time.perf_counter() - t0
     steps_used = float(made.steps.mean())
     meta = {"settings": settings.model_dump(), "seconds": seconds, "steps_used": steps_used}
     cache.store(key, made.images, made.start, made.final, meta)
     stats = iri_stats(
-        made.start, made.final, settings, cache_hit=False, seconds=seconds, steps_used=steps_used
+        made.start, made.final, settings, cache_hit=False, seconds=seconds,
+        steps_used=steps_used, pixels=pixel_distances(made.images, pixels),
     )
     return IRIResult(made.images, stats)

@@ -31,10 +31,10 @@ def job_plan(spec: Spec, sizes: Sizes) -> Plan:
 
 
 IRI_STEPS_EXPECTED = 100
-"""The steps a set of IRIs is expected to need before any set of the job has finished: at
-the defaults (momentum included) every stage point of the bench's test_resnet, test_vit and
+"""The steps a set of IRIs is expected to need before any set of the job has finished: under
+the fast method (momentum included) every stage point of the bench's test_resnet, test_vit and
 test_convnext converged in its first round of 100 steps (bench/iri_convergence.py); without
-momentum they took 100-700."""
+momentum they took 100-700. The paper's method (the default) has one round: all of it."""
 
 
 def iri_share_expected(spec: Spec) -> float:

@@ -15,6 +15,7 @@ from stitchsim import catalogue
 from stitchsim.catalogue import OUTPUT_KINDS
 from stitchsim.models import (
     Direction,
+    MeasureRow,
     ModelSummary,
     Protocol,
     Report,
@@ -171,11 +172,17 @@ def _report(ran: Ran) -> Report:
         summary=summary,
         verdict=None if reason else verdict(summary),
         verdict_reason=reason,
-        verdict_caveats=verdict_caveats(summary, results),
+        verdict_caveats=verdict_caveats(summary, results, spec.iri),
+        iri_settings=spec.iri if _made_iris(results + ran.controls, measured.rows) else None,
         warnings=ctx.warnings,
         notes=_notes(spec, prep, ran),
         environment=_environment(ran.device, ran.tracker, spec.train.seed, ran.seconds),
     )
+
+
+def _made_iris(rows: list[ResultRow], measures: list[MeasureRow]) -> bool:
+    """Whether any figure of the job was computed on IRIs (a protocol's or a measure's)."""
+    return any(r.iri is not None for r in rows) or any(m.input == "iri" for m in measures)
 
 
 def _notes(spec: Spec, prep: Prepared, ran: Ran) -> list[str]:

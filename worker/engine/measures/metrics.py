@@ -44,6 +44,12 @@ def per_sample_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return diff / torch.linalg.vector_norm(b, dim=dims).clamp_min(1e-12)
 
 
+def pixel_rms(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per sample: the root mean square of a - b over its pixels and channels, in the images'
+    own units ([0,1] pixels: 1/255 is one grey level)."""
+    return (a.float() - b.float()).square().flatten(1).mean(1).sqrt()
+
+
 def cohens_kappa(h_right: torch.Tensor, g_right: torch.Tensor) -> torch.Tensor:
     """Error consistency: kappa of 'h is right' vs 'g is right' (works on batched rows)."""
     h, g = h_right.float(), g_right.float()

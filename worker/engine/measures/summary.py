@@ -12,6 +12,7 @@ from stitchsim.models import (
     Direction,
     DropRow,
     ExcessRow,
+    IRISettings,
     Measure,
     MeasureRow,
     MeasureSummaryRow,
@@ -191,21 +192,36 @@ def withheld(spec: Spec, front: ModelSummary, back: ModelSummary) -> str | None:
     )
 
 
-def verdict_caveats(summary: Summary, rows: list[ResultRow]) -> list[str]:
-    """What the similarity figure rests on that weakens it."""
+def verdict_caveats(summary: Summary, rows: list[ResultRow],
+                    iri: IRISettings | None = None) -> list[str]:
+    """What the similarity figure rests on that weakens it. A figure of IRIs depends on how
+    they were made, so it always names the IRI method (the spec's settings, else the rows')."""
     used = summary.similarity_protocol
     if not catalogue.PROTOCOLS[used].uses_iris:
         return []
+    label = catalogue.PROTOCOLS.label(used)
+    made = [r.iri for r in rows if r.protocol == used and r.iri is not None]
+    if not made:
+        return []
+    name = made[0].method
+    method = iri.described() if iri is not None else name
+    named = f"iri.method {method}" if method else "an unnamed IRI method"
+    what = f" ({catalogue.IRI_METHODS.label(name)})" if name else ""
+    caveats = [
+        f"the {label} figure rests on IRIs made by {named}{what}; another IRI method can move "
+        "it (bench/iri_methods.py)"
+    ]
     loose = sorted({
         f"{r.direction} {r.front_layer}->{r.back_layer} (median {r.iri.median:.2f})"
         for r in rows
         if r.protocol == used and r.iri is not None and not r.iri.converged
     })
-    if not loose:
-        return []
-    return [
-        f"the {catalogue.PROTOCOLS.label(used)} figure rests on IRIs that did not converge at "
-        + ", ".join(loose)
-        + ": the front model can still tell them from the real inputs, so the stitch was "
-        "trained on inputs that are not indistinguishable; raise iri.steps or iri.step_size"
-    ]
+    if loose:
+        caveats.append(
+            f"the {label} figure rests on IRIs ({named}) that did not converge at "
+            + ", ".join(loose)
+            + ": the front model can still tell them from the real inputs, so the stitch was "
+            "trained on inputs that are not indistinguishable; raise iri.steps or "
+            "iri.step_size"
+        )
+    return caveats
