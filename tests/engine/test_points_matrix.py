@@ -55,7 +55,8 @@ TRAINED_BAR = 0.98
 # convergence-driven rounds, every sample every step, each sample's best iterate (the figures
 # below were measured so).
 IRI = {"method": "fast", "iterate": "best", "steps": 10, "step_size": 4 / 255,
-       "schedule": "constant", "momentum": 0.0, "extra_rounds": 0, "stop_below": None, "linf": None, "seed": 0}
+       "schedule": "constant", "momentum": 0.0, "extra_rounds": 0, "stop_below": None,
+       "linf": None, "seed": 0}
 PROBE, RIDGE, LOGIT_STD = 512, 0.1, 4.0
 
 
