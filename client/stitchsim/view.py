@@ -37,8 +37,10 @@ DIRECTION_ASCII: dict[str, str] = {"front_to_back": "front->back", "back_to_fron
 PREPROCESS_SOURCE_LABEL: dict[str, str] = {
     "spec": "set in the spec",
     "metadata": "from the checkpoint's metadata",
-    "measured": "measured on labelled samples",
+    "config": "from the model's own config (config.json, preprocessor_config.json)",
+    "measured": "measured on samples",
     "default": "the default",
+    "undetermined": "UNDETERMINED: no measurement told the candidates apart",
 }
 ROLES = ("front", "back")
 

@@ -112,6 +112,11 @@ class ModelSummary(BaseModel):
     input_size: int
     layers: list[str] = Field(default=[], description="stitch points used on this model")
     preprocess: PreprocessInfo | None = None
+    source: str = Field(default="timm", description="the model source that built it (a "
+                        "catalogue name: timm, torchvision, transformers, stitchsim, plugin)")
+    source_metadata: dict[str, str] = Field(
+        default={}, description="where the architecture came from: a model folder's layout, "
+        "its config file, the class or the preprocessing it gave")
     chance_accuracy: float | None = Field(
         default=None, description="1 / number of classes of the dataset"
     )

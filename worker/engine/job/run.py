@@ -115,6 +115,8 @@ def _model_summary(
         input_size=net.preprocess.input_size,
         layers=points,
         preprocess=net.model.choice.info,
+        source=net.model.source,
+        source_metadata=net.model.info.metadata,
         chance_accuracy=chance,
         near_chance=near_chance(acc, ci, chance),
     )

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from stitchsim.failure import Failure
 from stitchsim.models import ModelRef, PreprocessCandidate, PreprocessInfo, PreprocessSource
+from stitchsim_worker.engine.models.sources import SourceInfo
 from torch import nn
 
 Triple = tuple[float, float, float]
@@ -56,11 +57,17 @@ class Choice:
     pending: tuple[tuple[str, Triple, Triple], ...] = ()
 
 
-def candidates(net: nn.Module) -> list[tuple[str, Triple, Triple]]:
-    """timm's pretrained config first (the usual convention), then plain pixels, then 0.5/0.5."""
-    cfg = timm.data.resolve_data_config({}, model=net)
+def candidates(source: SourceInfo | nn.Module) -> list[tuple[str, Triple, Triple]]:
+    """The architecture's convention first (timm's pretrained config, torchvision's weights'
+    transforms ...), then plain pixels, then 0.5/0.5. A bare module is a timm model."""
+    if isinstance(source, nn.Module):
+        cfg = timm.data.resolve_data_config({}, model=source)
+        convention: tuple[str, Triple, Triple] | None = (
+            "timm", _triple(cfg["mean"]), _triple(cfg["std"]))
+    else:
+        convention = source.convention
     named = [
-        ("timm", _triple(cfg["mean"]), _triple(cfg["std"])),
+        *([convention] if convention is not None else []),
         ("none", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
         ("inception", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     ]
@@ -99,8 +106,11 @@ def _check_triple(values: Any, what: str, where: str) -> Triple:
     return out
 
 
-def _by_name(name: str, net: nn.Module, where: str, origin: str) -> tuple[Triple, Triple]:
-    for n, mean, std in candidates(net):
+def _by_name(name: str, info: SourceInfo, where: str, origin: str) -> tuple[Triple, Triple]:
+    options = candidates(info)
+    if name == "timm" and info.convention is not None:  # "the architecture's own config"
+        return options[0][1], options[0][2]
+    for n, mean, std in options:
         if n == name:
             return mean, std
     if name == "inception":  # deduplicated away: the architecture's config is 0.5/0.5 already
@@ -111,8 +121,8 @@ def _by_name(name: str, net: nn.Module, where: str, origin: str) -> tuple[Triple
     )
 
 
-def _name_of(mean: Triple, std: Triple, net: nn.Module) -> str:
-    return next((n for n, m, s in candidates(net) if (m, s) == (mean, std)), "custom")
+def _name_of(mean: Triple, std: Triple, info: SourceInfo) -> str:
+    return next((n for n, m, s in candidates(info) if (m, s) == (mean, std)), "custom")
 
 
 def input_size(
@@ -136,9 +146,10 @@ def input_size(
 
 
 def choose(
-    ref: ModelRef, meta: dict[str, str], net: nn.Module, size: int, where: str
+    ref: ModelRef, meta: dict[str, str], net: SourceInfo, size: int, where: str
 ) -> Choice:
-    """What the spec or metadata say; else a provisional choice marked for measurement."""
+    """What the spec, the metadata or the model's own config say; else a provisional choice
+    marked for measurement."""
 
     def done(mean: Triple, std: Triple, source: PreprocessSource, note: str) -> Choice:
         info = PreprocessInfo(name=_name_of(mean, std, net), input_size=size, mean=mean,
@@ -163,6 +174,11 @@ def choose(
         std = _check_triple(meta_std, "std", where) if meta_std is not None else std0
         keys = [k for k in ("preprocess", "mean", "std") if k in meta]
         return done(mean, std, "metadata", f"from the checkpoint's metadata ({', '.join(keys)})")
+    own = net.own
+    if own is not None and own.mean is not None and own.std is not None:
+        # The source's own config (an HF image processor, a timm hub pretrained_cfg) says
+        # what the model was trained with: no measurement can know better.
+        return done(own.mean, own.std, "config", f"from the checkpoint's own {own.origin}")
     options = tuple(candidates(net))
     name, mean, std = options[0]
     info = PreprocessInfo(name=name, input_size=size, mean=mean, std=std, source="default",
