@@ -20,7 +20,13 @@ from stitchsim_worker.engine.models.preprocess import (
     input_size,
     metadata_json,
 )
-from stitchsim_worker.engine.models.sources import Build, SourceEntry, SourceInfo, source_of
+from stitchsim_worker.engine.models.sources import (
+    Build,
+    SourceEntry,
+    SourceInfo,
+    own_layout,
+    source_of,
+)
 from torch import nn
 
 # Lists in error messages are cut here; a 500-key diff helps nobody.
@@ -102,7 +108,7 @@ def _build_spec(arch: str, kwargs: dict[str, Any], config: ModelConfig | None, w
     return entry, Build(name, kwargs, own, where)
 
 
-Shapes = dict[str, tuple[int, ...]]
+Shapes = dict[str, tuple[int, ...]]  # noqa: F811 - as models.sources spells it
 
 
 def _fit_report(model: Shapes, ckpt: Shapes) -> str | None:
@@ -122,10 +128,13 @@ def _fit_report(model: Shapes, ckpt: Shapes) -> str | None:
 
 
 def _check_fit(net: nn.Module, ckpt: Shapes, arch: str, kwargs: dict[str, Any], where: str,
-               meta: dict[str, str]) -> None:
-    problem = _fit_report({k: tuple(v.shape) for k, v in net.state_dict().items()}, ckpt)
-    if not problem:
-        return
+               meta: dict[str, str], entry: SourceEntry) -> int:
+    """Which of the source's checkpoint layouts the file has; weights_mismatch if none."""
+    layouts = entry.layouts(net) if entry.layouts is not None else [own_layout(net)]
+    problems = [_fit_report(layout, ckpt) for layout in layouts]
+    if None in problems:
+        return problems.index(None)
+    problem = problems[-1] if len(problems) > 1 else problems[0]
     if CONFIG_FILE in meta:
         raise Failure("weights_mismatch",
                       f"{where}: the weights (model.safetensors) do not fit {arch} as "
@@ -221,9 +230,13 @@ def build_model(
     """Build the architecture with its source, load the checkpoint strictly, freeze it."""
     meta = read_metadata(path)
     net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=False)
-    sd = _strip_wrapper_prefix(_read(path, where, shapes_only=False))
-    _check_fit(net, {k: tuple(v.shape) for k, v in sd.items()}, arch, kwargs, where, meta)
-    net.load_state_dict(sd, strict=True)
+    shapes = _strip_wrapper_prefix(_read(path, where, shapes_only=True))
+    layout = _check_fit(net, shapes, arch, kwargs, where, meta, entry)
+    if layout and entry.load is not None:
+        entry.load(net, path, layout)
+    else:
+        net.load_state_dict(_strip_wrapper_prefix(_read(path, where, shapes_only=False)),
+                            strict=True)
     choice = _choice(ref, meta, info, native_size, where)
     return _loaded(net, arch, kwargs, checkpoint_id or path.name, choice, entry.name, info)
 
@@ -236,7 +249,7 @@ def meta_model(ref: ModelRef, path: Path, *, where: str, native_size: int) -> Lo
     meta = read_metadata(path)
     net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=True)
     _check_fit(net, _strip_wrapper_prefix(_read(path, where, shapes_only=True)), arch, kwargs,
-               where, meta)
+               where, meta, entry)
     return _loaded(net, arch, kwargs, path.name, _choice(ref, meta, info, native_size, where),
                    entry.name, info)
 

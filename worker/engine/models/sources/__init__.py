@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from stitchsim import catalogue
@@ -22,6 +23,7 @@ from stitchsim_worker.engine.registry import Registry
 from torch import nn
 
 Triple = tuple[float, float, float]
+Shapes = dict[str, tuple[int, ...]]
 Candidate = tuple[str, Triple, Triple]
 IMAGENET: Candidate = ("imagenet", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 MAX_LISTED = 8
@@ -72,6 +74,16 @@ class SourceEntry:
     describe: Callable[[nn.Module, Build], SourceInfo]
     listing: Callable[[], list[str]] = list
     """Every architecture name (for documentation and `list_models`-like answers)."""
+    layouts: Callable[[nn.Module], list[Shapes]] | None = None
+    """The checkpoint layouts the network loads from (key -> shape), preferred first; None:
+    its own state dict's."""
+    load: Callable[[nn.Module, Path, int], None] | None = None
+    """Loads a checkpoint of layout k (an index into layouts) into the network; None: a
+    strict load_state_dict of the file's tensors (layout 0)."""
+
+
+def own_layout(net: nn.Module) -> Shapes:
+    return {k: tuple(v.shape) for k, v in net.state_dict().items()}
 
 
 SOURCES: Registry[SourceEntry] = Registry("model source")

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import difflib
 import functools
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from stitchsim.failure import Failure
@@ -16,9 +19,11 @@ from stitchsim.files.model_config import CONFIG_FILE
 from stitchsim_worker.engine.models.sources import (
     IMAGENET,
     Build,
+    Shapes,
     SourceEntry,
     SourceInfo,
     check_kwargs,
+    own_layout,
     register_source,
 )
 from torch import nn
@@ -107,13 +112,37 @@ def _build(b: Build) -> nn.Module:
     return _returning_tensor(net)
 
 
-_STAGE_LISTS = ("encoder.layer", "encoder.stages", "encoder.layers", "encoder.block")
+# The block lists of HF vision models: vit.layers, encoder.layer, encoder.stages ...
+def _layouts(net: nn.Module) -> list[Shapes]:
+    """The model's own keys, and the keys save_pretrained writes (transformers renames and
+    fuses some weights on load: it reverts that on save, so older layouts load too)."""
+    from transformers.core_model_loading import revert_weight_conversion
+
+    own = own_layout(net)
+    try:
+        saved = revert_weight_conversion(net, dict(net.state_dict()))
+    except Exception:  # noqa: BLE001 - no conversion known: the own layout is the one
+        return [own]
+    return [own, {k: tuple(v.shape) for k, v in saved.items()}]
+
+
+def _load(net: nn.Module, path: Path, layout: int) -> None:
+    """A save_pretrained layout, converted by the library's own loader: the file is offered
+    as a local folder with the config already built (local files only: nothing downloads)."""
+    base = type(net).__mro__[1]  # the library's class (ours only returns a tensor)
+    with tempfile.TemporaryDirectory(prefix="stitchsim-hf-") as tmp:
+        os.symlink(path.resolve(), Path(tmp) / "model.safetensors")
+        loaded = base.from_pretrained(tmp, config=net.config, local_files_only=True)
+    net.load_state_dict(loaded.state_dict(), strict=True)
+
+
+_STAGE_LISTS = ("layer", "layers", "stages", "block", "blocks")
 
 
 def _stages(net: nn.Module) -> list[str] | None:
     best: list[str] = []
     for name, module in net.named_modules():
-        if (isinstance(module, nn.ModuleList) and name.endswith(_STAGE_LISTS)
+        if (isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in _STAGE_LISTS
                 and len(module) > len(best)):
             best = [f"{name}.{k}" for k in range(len(module))]
     return best or None
@@ -147,4 +176,4 @@ def _describe(net: nn.Module, b: Build) -> SourceInfo:
 register_source(SourceEntry(
     name="transformers", build=_build, knows=lambda n: n in _classes(),
     similar=lambda n: difflib.get_close_matches(n, list(_classes()), n=8, cutoff=0.5),
-    describe=_describe, listing=lambda: sorted(_classes())))
+    describe=_describe, listing=lambda: sorted(_classes()), layouts=_layouts, load=_load))
