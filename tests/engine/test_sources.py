@@ -132,7 +132,7 @@ def test_a_model_stitched_into_itself_agrees_with_itself(
                       layers=layers(*POINTS[arch]), train=TINY), tmp_path)
     for row in rows(report, objective="dm"):
         assert row.agreement >= 0.99, (arch, row.front_layer, row.agreement)
-    assert report.front.source == arch.split(":")[0] if ":" in arch else "timm"
+    assert report.front.source == (arch.split(":")[0] if ":" in arch else "timm")
 
 
 def test_torchvision_and_transformers_models_stitch_in_both_directions(

@@ -113,7 +113,9 @@ def source_of(arch: str, where: str) -> tuple[SourceEntry, str]:
         close = entry.similar(name)[:MAX_LISTED]
         hint = f"; similar names: {', '.join(close)}" if close else ""
         label = catalogue.MODEL_SOURCES.label(source)
-        raise Failure("unknown_arch", f"{where}: {name!r} is not a {label} architecture{hint}",
+        article = "an" if label[:1].lower() in "aeiou" else "a"
+        raise Failure("unknown_arch",
+                      f"{where}: {name!r} is not {article} {label} architecture{hint}",
                       {"source": source, "similar": close})
     return entry, name
 
