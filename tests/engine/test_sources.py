@@ -14,7 +14,7 @@ from stitchsim.models import ModelRef
 from stitchsim_worker.engine import list_stitch_points
 from stitchsim_worker.engine.models.loading import build_model
 
-from tests.engine.jobs import layers, run, rows, spec
+from tests.engine.jobs import layers, rows, run, spec
 from tests.engine.model_folders import (
     CONVNEXT,
     VIT,

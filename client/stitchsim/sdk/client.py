@@ -388,8 +388,8 @@ class Client:
             raise UsageError(f"{side}: expected a file path or a sha256: id, got {checkpoint!r}")
         if not Path(checkpoint).is_file() and not is_model_folder(checkpoint):
             raise UsageError(
-                f"{side}: {os.fspath(checkpoint)!r} is neither a file, a model folder nor a "
-                "sha256:<64 hex> id"
+                f"{side}: {os.fspath(checkpoint)!r} is neither a file nor a sha256:<64 hex> "
+                "id (nor a model folder)"
             )
         return self.upload_checkpoint(checkpoint).id
 

@@ -90,7 +90,15 @@ def resolve_arch(ref: ModelRef, meta: dict[str, str], where: str,
         kwargs = config.arch_kwargs if config is not None and config.arch == arch else {}
     if not isinstance(kwargs, dict):
         raise Failure("invalid_spec", f"{where}: arch_kwargs must be a JSON object")
-    check_arch_name(arch, where)
+    try:
+        check_arch_name(arch, where)
+    except Failure as e:
+        if ref.arch or config is None or arch != config.arch:
+            raise
+        field = "architecture" if config.layout == "timm" else "architectures"
+        raise Failure(e.code, f"{e.message} (from {CONFIG_FILE} field {field!r}); fix it, or "
+                      f"name the architecture with {where}.arch (--arch)",
+                      {**(e.details or {}), "file": CONFIG_FILE, "field": field}) from None
     return arch, kwargs
 
 
