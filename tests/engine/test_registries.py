@@ -12,6 +12,7 @@ from stitchsim import catalogue
 from stitchsim.table import format_table
 from stitchsim_service.gateway.pages import render_report_page
 from stitchsim_worker.engine.measures.similarity import MEASURES
+from stitchsim_worker.engine.models.sources import SOURCES
 from stitchsim_worker.engine.protocols import PROTOCOLS
 from stitchsim_worker.engine.protocols.controls import CONTROLS
 from stitchsim_worker.engine.protocols.cues import CUES
@@ -30,12 +31,11 @@ ENGINE: dict[str, Registry] = {  # type: ignore[type-arg]
     catalogue.CONTROLS.kind: CONTROLS,
     catalogue.CUES.kind: CUES,
     catalogue.MEASURES.kind: MEASURES,
+    catalogue.MODEL_SOURCES.kind: SOURCES,
 }
 WITHOUT_ENGINE_REGISTRY = {
     catalogue.MEASURE_INPUTS.kind: "real inputs and IRIs are the two inputs measures.in_job "
                                    "feeds every measure; nothing to register",
-    catalogue.MODEL_SOURCES.kind: "timm is the one source: models.loading builds every arch "
-                                  "with it (issue 28 brings the sources' registry)",
     catalogue.OUTPUT_KINDS.kind: "logits are the one output kind the metrics read (issue 28)",
     catalogue.DATASET_FORMATS.kind: "safetensors is the one format data.datasets reads "
                                     "(issue 29 brings the readers' registry)",

@@ -116,10 +116,10 @@ def _build(b: Build) -> nn.Module:
 def _layouts(net: nn.Module) -> list[Shapes]:
     """The model's own keys, and the keys save_pretrained writes (transformers renames and
     fuses some weights on load: it reverts that on save, so older layouts load too)."""
-    from transformers.core_model_loading import revert_weight_conversion
-
     own = own_layout(net)
-    try:
+    try:  # transformers 5: older releases save the model's own keys
+        from transformers.core_model_loading import revert_weight_conversion
+
         saved = revert_weight_conversion(net, dict(net.state_dict()))
     except Exception:  # noqa: BLE001 - no conversion known: the own layout is the one
         return [own]
