@@ -306,7 +306,10 @@ def preprocess_text(p: PreprocessInfo) -> str:
     text = (f"{p.name} at {p.input_size}px, mean {fmt_triple(p.mean)}, std "
             f"{fmt_triple(p.std)}, {PREPROCESS_SOURCE_LABEL.get(p.source, p.source)}")
     if p.candidates:
-        tried = ", ".join(f"{c.name} {fmt(c.accuracy)}" for c in p.candidates)
+        tried = ", ".join(
+            f"{c.name} {fmt(c.accuracy)}"
+            + (f" / stats {fmt(c.stats_distance)}" if c.stats_distance is not None else "")
+            for c in p.candidates)
         samples = f" on {p.samples} samples" if p.samples else ""
         text += f" (accuracy{samples}: {tried})"
     return text + (f"; {p.note}" if p.note else "")

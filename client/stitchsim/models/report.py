@@ -85,7 +85,14 @@ class PreprocessCandidate(BaseModel):
     name: str
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
-    accuracy: float = Field(description="accuracy on the labelled samples it was measured on")
+    accuracy: float | None = Field(
+        default=None, description="accuracy on the labelled samples it was measured on; null "
+        "without labels")
+    stats_distance: float | None = Field(
+        default=None, description="label-free: mean KL divergence of its inputs' batch "
+        "statistics from the running statistics of the model's first normalisation layer "
+        "(lower is closer to training); measured when accuracy does not tell the candidates "
+        "apart")
 
 
 class PreprocessInfo(BaseModel):

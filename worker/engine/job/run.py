@@ -160,10 +160,23 @@ def _report(ran: Ran) -> Report:
         verdict=None if reason else verdict(summary),
         verdict_reason=reason,
         verdict_caveats=verdict_caveats(summary, results),
-        warnings=ctx.warnings,
+        warnings=[*_undetermined(front, back), *ctx.warnings],
         notes=_notes(spec, prep),
         environment=_environment(ran.device, ran.tracker, spec.train.seed, ran.seconds),
     )
+
+
+def _undetermined(front: ModelSummary, back: ModelSummary) -> list[str]:
+    """Loud, first among the job's warnings: a preprocessing no measurement could decide."""
+    return [
+        f"THE {role.upper()} MODEL'S PREPROCESSING IS UNDETERMINED: neither accuracy nor the "
+        f"statistics of its first normalisation layer told the candidates apart, so "
+        f"{m.preprocess.name} (mean {list(m.preprocess.mean)}, std {list(m.preprocess.std)}) "
+        f"is a guess and every figure rests on it; set {role}.preprocess or {role}.mean/std "
+        "in the spec"
+        for role, m in (("front", front), ("back", back))
+        if m.preprocess is not None and m.preprocess.source == "undetermined"
+    ]
 
 
 def _notes(spec: Spec, prep: Prepared) -> list[str]:
