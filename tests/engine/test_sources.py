@@ -161,3 +161,12 @@ def test_unknown_architectures_of_each_source_name_the_source(models: dict[str, 
         ModelRef(checkpoint="sha256:00", arch="hf-hub:timm/resnet18.a1_in1k")
     with pytest.raises(ValueError, match="plain timm model name or SOURCE:NAME"):
         ModelRef(checkpoint="sha256:00", arch="torchvision:../../etc")
+
+
+def test_a_local_run_takes_a_model_folder_as_it_is(tmp_path: Path) -> None:
+    folder = hf_folder(tmp_path, "ConvNextForImageClassification", CONVNEXT, seed=1)
+    report = run(spec(folder, folder, objectives=["dm"], protocols=["standard"],
+                      layers=layers("convnext.encoder.stages.0"), train=TINY), tmp_path)
+    assert report.front.arch == "transformers:ConvNextForImageClassification"
+    assert report.front.source_metadata["layout"] == "transformers"
+    assert all(r.agreement >= 0.99 for r in rows(report, objective="dm"))
