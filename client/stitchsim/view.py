@@ -38,7 +38,7 @@ PREPROCESS_SOURCE_LABEL: dict[str, str] = {
     "spec": "set in the spec",
     "metadata": "from the checkpoint's metadata",
     "config": "from the model's own config (config.json, preprocessor_config.json)",
-    "measured": "measured on samples",
+    "measured": "measured on samples (accuracy, else normalisation statistics)",
     "default": "the default",
     "undetermined": "UNDETERMINED: no measurement told the candidates apart",
 }

@@ -46,8 +46,9 @@ class ModelRef(_Strict):
     )
     preprocess: Preprocessing = Field(
         default="auto",
-        description="auto: metadata, else measured on labelled samples; timm | none | inception "
-        "force one; explicit mean/std win over all of these",
+        description="auto: metadata, else the model's own config, else measured (accuracy, "
+        "else normalisation statistics; undetermined when neither decides); timm | none | "
+        "inception force one; explicit mean/std win over all of these",
     )
     mean: tuple[float, float, float] | None = None
     std: tuple[float, float, float] | None = None

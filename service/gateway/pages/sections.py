@@ -116,7 +116,8 @@ def _candidates_table(role: str, m: ModelSummary) -> str:
     rows = [[esc(c.name) + (" (chosen)" if c.name == p.name else ""), esc(fmt_triple(c.mean)),
              esc(fmt_triple(c.std)), fmt(c.accuracy), fmt(c.stats_distance)]
             for c in p.candidates]
-    samples = f" on {p.samples} samples" if p.samples else ""
+    labelled = any(c.accuracy is not None for c in p.candidates)
+    samples = f" on {p.samples} {'labelled ' if labelled else ''}samples" if p.samples else ""
     cols = [Col("candidate"), Col("mean"), Col("std"), Col("accuracy", True),
             Col("normalisation-stats distance", True)]
     return (f"<p>{esc(role)} model: the candidates tried{esc(samples)}.</p>"
