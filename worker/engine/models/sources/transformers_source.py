@@ -28,6 +28,9 @@ from stitchsim_worker.engine.models.sources import (
 )
 from torch import nn
 
+# Belt and braces: every call below reads local files only, and the hub client is told so.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 
 @functools.cache
 def _classes() -> dict[str, tuple[str, ...]]:
