@@ -170,3 +170,18 @@ def test_a_local_run_takes_a_model_folder_as_it_is(tmp_path: Path) -> None:
     assert report.front.arch == "transformers:ConvNextForImageClassification"
     assert report.front.source_metadata["layout"] == "transformers"
     assert all(r.agreement >= 0.99 for r in rows(report, objective="dm"))
+
+
+def test_the_submission_check_builds_every_source_on_the_meta_device(
+    models: dict[str, Path], tmp_path: Path
+) -> None:
+    from stitchsim_worker.engine import Resources, check_spec
+
+    tv, vit = models["torchvision:mobilenet_v3_small"], models[
+        "transformers:ViTForImageClassification"]
+    pairs = [{"front": "features.4", "back": "vit.layers.0"}]
+    checked = check_spec(spec(tv, vit, layers=pairs), resources=Resources(cache_dir=tmp_path))
+    assert checked.units > 0
+    checked = check_spec(spec(models["test_resnet"], tv, layers="auto"),
+                         resources=Resources(cache_dir=tmp_path))
+    assert checked.units > 0
