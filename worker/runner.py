@@ -4,6 +4,7 @@ tasks in tasks.py only call these."""
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import threading
@@ -229,8 +230,19 @@ def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> jobs.Outc
 
 
 # torch's CPU allocator raises a plain RuntimeError when malloc fails (its CUDA one raises
-# torch.OutOfMemoryError); this is the start of its message.
-_CPU_ALLOCATOR_FAILED = "DefaultCPUAllocator: can't allocate memory"
+# torch.OutOfMemoryError), and a process short of address space fails elsewhere too: C++'s
+# bad_alloc, a lazily imported shared object that cannot be mapped (ImportError with ENOMEM's
+# "Cannot allocate memory", or dlopen's "failed to map segment"). These phrases name memory
+# and nothing else.
+_OUT_OF_MEMORY_PHRASES = ("allocate memory", "bad_alloc", "not enough memory", "out of memory",
+                          "failed to map segment")
+
+
+def _says_out_of_memory(exc: BaseException) -> bool:
+    if isinstance(exc, MemoryError) or getattr(exc, "errno", None) == errno.ENOMEM:
+        return True
+    text = str(exc).lower()
+    return any(phrase in text for phrase in _OUT_OF_MEMORY_PHRASES)
 
 
 def _host_failure(ctx: Context, exc: BaseException) -> Failure | None:
@@ -255,7 +267,7 @@ def _host_failure(ctx: Context, exc: BaseException) -> Failure | None:
         if type(seen).__name__ == "OutOfMemoryError":  # torch's, without importing torch here
             return Failure("out_of_memory", "the GPU ran out of memory; use a smaller batch "
                            "size or fewer stitch points")
-        if isinstance(seen, MemoryError) or _CPU_ALLOCATOR_FAILED in str(seen):
+        if _says_out_of_memory(seen):
             return Failure("out_of_memory", "the worker ran out of memory; use a smaller "
                            "batch size, fewer samples or fewer stitch points")
         seen = seen.__cause__

@@ -133,6 +133,13 @@ class MeasureInputEntry(Entry):
 
 
 @dataclass(frozen=True)
+class ReferenceEntry(Entry):
+    """A reference figure drawn on plots beside the series (not a name a user writes)."""
+
+    style: PlotStyle = PlotStyle(BLACK)
+
+
+@dataclass(frozen=True)
 class ModelSourceEntry(Entry):
     prefix: str = ""
     """How an `arch` names it: `prefix:NAME`."""
@@ -261,7 +268,9 @@ OBJECTIVES: Kind[ObjectiveEntry] = Kind("objective", (
         style=PlotStyle(GREEN, "-.", "D"), closed_form=True),
     ObjectiveEntry(
         "fula", "functional latent alignment (fula)", "mean relative distance to the back "
-        "model's tensors at the stitch point and every later block", short="fula",
+        "model's tensors at the stitch point and every later block output up to the last "
+        "block, as the invariance-aware paper's FuLA (fula.points: stages for stage outputs "
+        "only)", short="fula",
         style=PlotStyle(PURPLE, ":", "^"), aligns_later_points=True),
 ))
 
@@ -322,6 +331,33 @@ MEASURES: Kind[MeasureEntry] = Kind("measure", (
         "mutual_knn", "mutual k-NN", "the share of each sample's k nearest neighbours the two "
         "representations have in common", style=PlotStyle(GREEN, "--", "s")),
 ))
+
+ROW_FIGURES: Kind[Entry] = Kind("row figure", (
+    Entry("agreement", "agreement", "soft agreement of the stitched model with the model it "
+          "ends in: <p_h, p_g> / max(|p_h|^2, |p_g|^2) of the softmaxes, 1 iff they match "
+          "(the paper's agreement_prob)"),
+    Entry("hard_agreement", "hard agreement (same class)", "the share of test samples on "
+          "which both models predict the same class", short="same class"),
+    Entry("correct_agreement", "correct agreement (both right or both wrong)", "the share of "
+          "test samples on which both models are right or both are wrong, whatever class "
+          "each wrong one picks (the paper's hard_agreement, agreement_ratio)",
+          short="both right/wrong"),
+    Entry("accuracy", "accuracy", "the stitched model's accuracy on the test split"),
+    Entry("error_consistency", "Cohen's kappa (error consistency)", "kappa of 'h is right' "
+          "against 'g is right': correct agreement corrected for what two independent models "
+          "of these accuracies reach (the paper's hard_k_consistency)", short="kappa"),
+    Entry("soft_kappa", "soft kappa", "soft error consistency: kappa of the soft agreement "
+          "against a b + (1 - a)(1 - b) / (K - 1), a and b the models' mean softmax probability "
+          "of the true class (the paper's soft_k_consistency)", short="soft kappa"),
+))
+
+UNSTITCHED = ReferenceEntry(
+    "unstitched_agreement", "no stitch (whole models)", "the model in front position against "
+    "the model the stitched network ends in, whole and unstitched, on the same test split: "
+    "the endpoint every agreement curve is read against (the invariance-aware paper's plots "
+    "end in it)", short="no stitch", style=PlotStyle(BLACK, ":", "X"))
+"""The agreement plots' endpoint: drawn at the deep end of every agreement panel, in the
+paper's style (a black X, a dotted line)."""
 
 MEASURE_INPUTS: Kind[MeasureInputEntry] = Kind("measure input", (
     MeasureInputEntry("real", "real inputs", "the test split's images",
@@ -387,8 +423,8 @@ DATASET_FORMATS: Kind[DatasetFormatEntry] = Kind("dataset format", (
 ))
 
 KINDS: tuple[Kind[Entry], ...] = (  # type: ignore[assignment]
-    OBJECTIVES, PROTOCOLS, CONTROLS, CUES, MEASURES, MEASURE_INPUTS, MODEL_SOURCES,
-    OUTPUT_KINDS, DATASET_FORMATS,
+    OBJECTIVES, PROTOCOLS, CONTROLS, CUES, MEASURES, ROW_FIGURES, MEASURE_INPUTS,
+    MODEL_SOURCES, OUTPUT_KINDS, DATASET_FORMATS,
 )
 """Every kind of name, for the tests that hold each against its engine registry and render
 every entry."""

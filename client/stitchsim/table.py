@@ -59,16 +59,31 @@ def _layers(row: ResultRow) -> str:
 
 def results_lines(report: Report) -> list[str]:
     headers = ["direction", "stitch: from -> into", "objective", "protocol", "agreement [CI]",
-               "hard agr", "accuracy", "penalty"]
+               "hard agr", "both r/w", "accuracy", "penalty", "kappa", "soft kappa"]
     robust = view.has_robust(report)
     rows = [
         [DIRECTION_ASCII[r.direction], _layers(r), r.objective, r.protocol,
-         _with_ci(r.agreement, r.agreement_ci), fmt(r.hard_agreement), fmt(r.accuracy),
-         fmt_signed(r.stitching_penalty), *([view.robust_agreement(r)] if robust else [])]
+         _with_ci(r.agreement, r.agreement_ci), fmt(r.hard_agreement),
+         fmt(r.correct_agreement), fmt(r.accuracy), fmt_signed(r.stitching_penalty),
+         fmt(r.error_consistency), fmt(r.soft_kappa),
+         *([view.robust_agreement(r)] if robust else [])]
         for r in view.ordered(report.results)
     ]
     return _align(headers + (["robust agr"] if robust else []), rows,
-                  numeric={4, 5, 6, 7, 8})
+                  numeric=set(range(4, 12)))
+
+
+def unstitched_lines(report: Report) -> list[str]:
+    """The endpoint: the two whole models against each other, no stitch."""
+    headers = ["direction", "agreement [CI]", "hard agr", "both r/w", "kappa", "soft kappa",
+               "accuracy"]
+    rows = [
+        [DIRECTION_ASCII[u.direction], _with_ci(u.agreement, u.agreement_ci),
+         fmt(u.hard_agreement), fmt(u.correct_agreement), fmt(u.error_consistency),
+         fmt(u.soft_kappa), fmt(u.accuracy)]
+        for u in report.unstitched_agreement
+    ]
+    return _align(headers, rows, numeric=set(range(1, 7)))
 
 
 def controls_lines(report: Report) -> list[str]:
@@ -164,6 +179,9 @@ def format_table(report: Report) -> str:
     """The whole report as aligned plain text; the verdict is the last line."""
     lines = [*_model_lines("front", report), *_model_lines("back", report), ""]
     lines += results_lines(report)
+    if report.unstitched_agreement:
+        lines += ["", "no stitch (whole models against each other: the endpoint)"]
+        lines += unstitched_lines(report)
     if report.controls:
         lines += ["", "controls"] + controls_lines(report)
     lines += ["", "mean agreement over stitch points"] + summary_lines(report)

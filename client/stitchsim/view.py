@@ -28,6 +28,7 @@ from stitchsim.models import (
     Protocol,
     Report,
     ResultRow,
+    UnstitchedRow,
 )
 
 # What objectives, protocols, controls, cues and measures are called, and how they are drawn,
@@ -53,6 +54,20 @@ def control_name(row: ResultRow) -> str:
 
 def has_robust(report: Report) -> bool:
     return any(r.robust is not None for r in report.results)
+
+
+def unstitched(report: Report, direction: Direction) -> UnstitchedRow | None:
+    """The endpoint of a direction: the two whole models against each other, no stitch."""
+    return next((u for u in report.unstitched_agreement if u.direction == direction), None)
+
+
+AGREEMENT_NAMES = (
+    "Two agreements are reported. Hard agreement (same class): both models predict the same "
+    "class. Correct agreement (both right or both wrong): what the invariance-aware paper's "
+    "code calls hard_agreement; two models wrong with different classes count as agreeing. "
+    "Error κ is Cohen's kappa of being right (correct agreement corrected for chance); soft κ "
+    "is the paper's soft kappa of the soft agreement."
+)
 
 
 def robust_agreement(row: ResultRow) -> str:

@@ -11,6 +11,7 @@ import pytest
 from stitchsim import catalogue
 from stitchsim.table import format_table
 from stitchsim_service.gateway.pages import render_report_page
+from stitchsim_worker.engine.measures.metrics import FIGURES
 from stitchsim_worker.engine.measures.similarity import MEASURES
 from stitchsim_worker.engine.models.sources import SOURCES
 from stitchsim_worker.engine.protocols import PROTOCOLS
@@ -31,6 +32,7 @@ ENGINE: dict[str, Registry] = {  # type: ignore[type-arg]
     catalogue.CONTROLS.kind: CONTROLS,
     catalogue.CUES.kind: CUES,
     catalogue.MEASURES.kind: MEASURES,
+    catalogue.ROW_FIGURES.kind: FIGURES,
     catalogue.MODEL_SOURCES.kind: SOURCES,
 }
 WITHOUT_ENGINE_REGISTRY = {

@@ -16,7 +16,8 @@ IRI_STATS = ("start_median", "median", "p90", "max")
 
 def expected_series(report: dict[str, Any]) -> dict[str, dict[str, int]]:
     """plot id -> {series id: number of points}: one agreement line per (direction,
-    objective, protocol) with a point per stitch pair, and four IRI lines per direction that
+    objective, protocol) with a point per stitch pair, the endpoint (unstitched models) once
+    per agreement panel, and four IRI lines per direction that
     ran the invariance-aware protocol, with a point per layer the stitch reads from (the
     front model's in front_to_back, the back model's in back_to_front)."""
     plots: dict[str, dict[str, int]] = defaultdict(dict)
@@ -28,6 +29,11 @@ def expected_series(report: dict[str, Any]) -> dict[str, dict[str, int]]:
         series[key] = series.get(key, 0) + 1
         if row.get("iri") is not None:
             iri_points[d].add(row["front_layer" if d == "front_to_back" else "back_layer"])
+    # Each agreement panel (one per objective) ends in the unstitched models: one marker.
+    for end in report.get("unstitched_agreement", []):
+        d = end["direction"]
+        for o in {row["objective"] for row in report["results"] if row["direction"] == d}:
+            plots[f"plot-agreement-{d}"][f"series-unstitched-{d}-{o}"] = 1
     for d, layers in iri_points.items():
         for stat in IRI_STATS:
             plots[f"plot-iri-{d}"][f"series-iri-{d}-{stat}"] = len(layers)

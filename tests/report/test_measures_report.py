@@ -56,11 +56,13 @@ def test_the_page_plots_measures_beside_agreement_and_says_what_a_gap_means() ->
         figure = re.search(rf'<figure class="plot" id="plot-measures-{d}" '
                            r'data-series="(\d+)">(.*?)</figure>', section, re.S)
         assert figure is not None, d
-        # Agreement under each protocol, then each measure on real inputs and on IRIs.
+        # Agreement under each protocol and its unstitched endpoint, then each measure on
+        # real inputs and on IRIs.
         protocols = {r.protocol for r in report.results}
-        assert int(figure.group(1)) == len(protocols) + 2 * 2
+        assert int(figure.group(1)) == len(protocols) + 1 + 2 * 2
         svg = figure.group(2)
-        for gid in (f"series-agreement-{d}-slm-standard", f"series-measure-{d}-cka-real",
+        for gid in (f"series-agreement-{d}-slm-standard", f"series-unstitched-{d}-slm",
+                    f"series-measure-{d}-cka-real",
                     f"series-measure-{d}-mutual_knn-iri", f"ref-measure-identity-{d}-cka",
                     f"ref-measure-clustered_noise-{d}-mutual_knn"):
             assert f'id="{gid}"' in svg, gid

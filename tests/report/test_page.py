@@ -120,7 +120,9 @@ def test_standard_protocol_only_without_controls() -> None:
     report = full.model_copy(update={"spec": spec, "results": rows, "controls": [],
                                      "summary": summarise(spec, rows)})
     html = render_report_page(report)
-    assert len(_ids(html, "series-")) == 2
+    # Two objectives: a standard line and the unstitched endpoint in each panel.
+    assert len(_ids(html, "series-agreement-")) == 2
+    assert len(_ids(html, "series-unstitched-")) == 2
     assert "plot-iri" not in html and "ref-identity" not in html
     assert "Only the standard protocol ran" in html and "No controls ran" in html
 

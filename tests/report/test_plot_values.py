@@ -19,6 +19,8 @@ SVG = "{http://www.w3.org/2000/svg}"
 TOLERANCE = 1e-4  # the SVG gives coordinates to a millionth of a point
 Drawn = dict[str, dict[tuple[str, str], float]]
 """series id -> {(layer the stitch reads from, layer it feeds into): agreement drawn}"""
+ENDPOINT = ("no stitch", "(whole models)")
+"""The endpoint's x tick (the unstitched models), as its two lines read."""
 
 
 def agreement_svgs(page: str) -> dict[str, str]:
@@ -66,11 +68,16 @@ def read_plot(svg: str) -> Drawn:
         # A linear axis: every labelled tick sits where the first and last put it.
         for (pixel, _), label in zip(yticks, labels, strict=True):
             assert abs(value(pixel) - label) < TOLERANCE
-        # "i: source" over "→ target" under each stitch point.
+        # "i: source" over "→ target" under each stitch point; the endpoint's own tick last.
         points = {round(px, 3): (t[0].split(": ", 1)[1], t[1].removeprefix("→ "))
-                  for px, t in _ticks(panel, "x")}
+                  if ": " in t[0] else ENDPOINT for px, t in _ticks(panel, "x")}
         for series in panel.iter(f"{SVG}g"):
             gid = series.get("id", "")
+            if gid.startswith("series-unstitched-"):
+                (marker,) = [(float(u.get("x", "nan")), float(u.get("y", "nan")))
+                             for u in series.iter(f"{SVG}use")]
+                drawn[gid] = {points[round(marker[0], 3)]: value(marker[1])}
+                continue
             if not gid.startswith("series-agreement-"):
                 continue
             markers = [(float(u.get("x", "nan")), float(u.get("y", "nan")))
@@ -93,6 +100,13 @@ def expected(report: dict[str, Any], direction: str) -> Drawn:
         point = pair if direction == "front_to_back" else pair[::-1]
         gid = f"series-agreement-{direction}-{row['objective']}-{row['protocol']}"
         out.setdefault(gid, {})[point] = row["agreement"]
+    # Every panel (one per objective) ends in the unstitched models' agreement.
+    for end in report.get("unstitched_agreement", []):
+        if end["direction"] != direction:
+            continue
+        for objective in {row["objective"] for row in report["results"]
+                          if row["direction"] == direction}:
+            out[f"series-unstitched-{direction}-{objective}"] = {ENDPOINT: end["agreement"]}
     return out
 
 
@@ -117,7 +131,18 @@ def test_sample_report_plots_draw_its_figures() -> None:
     data = report.model_dump(mode="json")
     # Two objectives, both protocols, both directions: panels side by side share an axis.
     assert len({(r["objective"], r["protocol"], r["direction"]) for r in data["results"]}) == 8
-    assert_drawn_as_reported(render_report_page(report), data)
+    page = render_report_page(report)
+    assert_drawn_as_reported(page, data)
+    # The endpoint is drawn in every panel (two objectives, two directions), at its own
+    # value, and named in the legend, the plot's description and its table.
+    drawn = {gid: v for d in ("front_to_back", "back_to_front")
+             for gid, v in read_plot(agreement_svgs(page)[f"plot-agreement-{d}"]).items()
+             if gid.startswith("series-unstitched-")}
+    assert len(drawn) == 4
+    assert drawn["series-unstitched-back_to_front-fula"][ENDPOINT] == pytest.approx(
+        0.5187, abs=TOLERANCE)
+    assert "no stitch (whole models)" in page and "Endpoint, no stitch" in page
+    assert 'id="unstitched-table"' in page
 
 
 def test_real_job_page_plots_draw_its_figures(live_service: Any,
@@ -127,6 +152,8 @@ def test_real_job_page_plots_draw_its_figures(live_service: Any,
         page = http.get(f"/jobs/{job_id}/report.html")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert_drawn_as_reported(page.text, report)
+    assert {u["direction"] for u in report["unstitched_agreement"]} == {
+        r["direction"] for r in report["results"]}
     # Not a page of constants: the figures drawn differ between the protocols.
     assert len({round(r["agreement"], 4) for r in report["results"]}) > 1
 

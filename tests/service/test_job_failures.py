@@ -92,7 +92,7 @@ def wait_for(what: str, check: Any, timeout: float = 120, svc: ServiceHandle | N
 def failed_with(svc: ServiceHandle, job_id: str, code: str) -> dict[str, Any]:
     final = svc.wait_job(job_id, timeout=90)[-1]
     assert final["state"] == "failed", final
-    assert final["error"]["code"] == code, final["error"]
+    assert final["error"]["code"] == code, f"the whole error: {final['error']}"
     return dict(final["error"])
 
 

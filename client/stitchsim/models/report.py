@@ -67,6 +67,13 @@ class ResultRow(BaseModel):
     stitching_penalty: float
     error_consistency: float
     error_consistency_ci: tuple[float, float]
+    correct_agreement: float | None = Field(
+        default=None, description="both right or both wrong (the paper's hard_agreement); "
+        "hard_agreement here is the same predicted class")
+    correct_agreement_ci: tuple[float, float] | None = None
+    soft_kappa: float | None = Field(
+        default=None, description="soft error consistency (the paper's soft kappa)")
+    soft_kappa_ci: tuple[float, float] | None = None
     train_loss: float
     seconds: float
     iri: IRIStats | None = None
@@ -79,6 +86,27 @@ class ResultRow(BaseModel):
     robust: RobustStats | None = Field(
         default=None, description="with adversarial.evaluate: figures on attacked test inputs"
     )
+
+
+class UnstitchedRow(BaseModel):
+    """The model in front position against the model the stitched network ends in, whole and
+    with no stitch, on the same test split and in the same figures as the rows: the endpoint
+    of every agreement-versus-depth curve (the paper's plots end in it). A stitch that agrees
+    with the end model far above it took more than the front model's own function."""
+
+    direction: Direction
+    agreement: float
+    agreement_ci: tuple[float, float] = Field(description="95% bootstrap interval over samples")
+    hard_agreement: float
+    hard_agreement_ci: tuple[float, float]
+    correct_agreement: float
+    correct_agreement_ci: tuple[float, float]
+    error_consistency: float
+    error_consistency_ci: tuple[float, float]
+    soft_kappa: float
+    soft_kappa_ci: tuple[float, float]
+    accuracy: float = Field(description="the front-position model's accuracy")
+    samples: int
 
 
 class PreprocessCandidate(BaseModel):
@@ -242,6 +270,10 @@ class Report(BaseModel):
     dataset: dict[str, Any]
     results: list[ResultRow]
     controls: list[ResultRow] = []
+    unstitched_agreement: list[UnstitchedRow] = Field(
+        default=[], description="per direction: the two whole models against each other, no "
+        "stitch (the endpoint of the agreement plots); empty when their outputs are not in one "
+        "class space (cross-task pairing)")
     measures: list[MeasureRow] = Field(default=[], description="with spec.measures")
     measure_controls: list[MeasureRow] = Field(
         default=[], description="the measures' ceiling (identity) and floor (clustered noise)"

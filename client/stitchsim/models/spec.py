@@ -239,6 +239,22 @@ class MeasureSettings(_Strict):
     )
 
 
+FulaPoints = Literal["blocks", "stages"]
+
+
+class FulaSettings(_Strict):
+    """Where functional latent alignment (fula) sets the stitched model against the back
+    model after the stitch point."""
+
+    points: FulaPoints = Field(
+        default="blocks",
+        description="blocks: at every block output after the stitch up to the last block, as "
+        "the invariance-aware paper's FuLA does (9 points on ResNet-18: the stem and 8 basic "
+        "blocks); stages: at every stage output only (timm's feature_info; fewer terms, "
+        "cheaper)",
+    )
+
+
 class Spec(_Strict):
     front: ModelRef
     back: ModelRef
@@ -278,6 +294,7 @@ class Spec(_Strict):
         + catalogue.MEASURES.describe(),
     )
     measure_settings: MeasureSettings = MeasureSettings()
+    fula: FulaSettings = FulaSettings()
     threshold: float | None = Field(default=None, ge=0, le=1)
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
 

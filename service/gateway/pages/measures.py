@@ -16,6 +16,7 @@ from stitchsim.view import DIRECTION_LABEL, fmt, fmt_ci, fmt_signed
 from stitchsim_service.gateway.pages.html import Col, esc, figure, table
 from stitchsim_service.gateway.pages.plots import (
     FIG_WIDTH_IN,
+    LEGEND_COLUMNS,
     Band,
     Plot,
     agreement_panel,
@@ -87,6 +88,9 @@ def _measure_panel(ax: Axes, report: Report, direction: Direction, measure: Meas
 
 def _legend(report: Report) -> list[Any]:
     handles: list[Any] = [Line2D([], [], label=e.label, **e.style.as_kwargs()) for e in INPUTS]
+    if report.unstitched_agreement:
+        handles.append(Line2D([], [], label=catalogue.UNSTITCHED.label,
+                              **catalogue.UNSTITCHED.style.as_kwargs()))
     return handles + [band_legend(style) for _, style in banded_controls()]
 
 
@@ -106,15 +110,17 @@ def measures_plot(report: Report, direction: Direction) -> Plot | None:
         axes[0].set_title(f"agreement, {catalogue.OBJECTIVES.label(objective)}")
         for ax, measure in zip(axes[1:], measures, strict=True):
             series.extend(_measure_panel(ax, report, direction, measure, points))
-        for ax in axes:
-            set_depth_axis(ax, points, direction)
+        endpoint = view.unstitched(report, direction) is not None
+        for k, ax in enumerate(axes):
+            # The endpoint is agreement's: the measures' panels have none.
+            set_depth_axis(ax, points, direction, endpoint=endpoint and k == 0)
             ax.set_xlabel("")
         axes[0].set_ylabel("similarity, 0–1")
         fig.supxlabel("stitch point: from layer → into layer (shallow to deep)")
         fig.suptitle(f"Measures beside agreement, {view.direction_title(report, direction)}")
         handles = _legend(report)
-        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles),
-                   frameon=False)
+        fig.legend(handles=handles, loc="outside lower center",
+                   ncols=min(len(handles), LEGEND_COLUMNS), frameon=False)
         return fig
 
     title = f"Similarity measures and agreement versus depth, {DIRECTION_LABEL[direction]}"

@@ -45,6 +45,9 @@ MAX_TICK_CHARS = 18
 MAX_TICKS = 8
 """At most this many stitch points are labelled on one axis; more would overlap."""
 
+LEGEND_COLUMNS = 4
+"""Legend entries a row under a figure: more would run past its width."""
+
 FIG_WIDTH_IN = 9.8
 """Every figure has this width, so text comes out the same size in all of them (the page
 shows SVGs at their natural size, shrinking only to fit narrow screens)."""
@@ -116,17 +119,51 @@ def _inline_svg(svg: str, plot_id: str, title: str, description: str) -> str:
     return opening + a11y + svg[open_end:]
 
 
-def set_depth_axis(ax: Axes, points: Sequence[tuple[str, str]], direction: Direction) -> None:
+ENDPOINT_TICK = "no stitch\n(whole models)"
+"""The x tick of the agreement panels' endpoint, one slot past the deepest stitch point."""
+
+
+def set_depth_axis(ax: Axes, points: Sequence[tuple[str, str]], direction: Direction,
+                   endpoint: bool = False) -> None:
+    """Stitch points shallow to deep; with `endpoint`, one more slot for the unstitched
+    models (the paper's plots end in it)."""
     step = max(1, math.ceil(len(points) / MAX_TICKS))
     ticks = list(range(0, len(points), step))
     labels = []
     for i in ticks:
         source, target = stitch_order(*points[i], direction)
         labels.append(f"{i}: {_short(source)}\n→ {_short(target)}")
+    if endpoint:
+        ticks.append(len(points))
+        labels.append(ENDPOINT_TICK)
     ax.set_xticks(ticks)
     ax.set_xticklabels(labels)
-    ax.set_xlim(-0.5, len(points) - 0.5)
+    ax.set_xlim(-0.5, len(points) - 0.5 + (1 if endpoint else 0))
     ax.set_xlabel("stitch point: from layer → into layer (shallow to deep)")
+
+
+def draw_endpoint(ax: Axes, report: Report, direction: Direction, n_points: int,
+                  tag: str) -> str | None:
+    """The unstitched models' agreement at the deep end: a marker with its interval one slot
+    past the deepest point, and a dotted line across the panel at its height (the catalogue's
+    style). Returns the marker's id."""
+    found = view.unstitched(report, direction)
+    if found is None:
+        return None
+    style = catalogue.UNSTITCHED.style.as_kwargs()
+    ref = ax.axhline(found.agreement, color=style["color"], linestyle=style["linestyle"],
+                     linewidth=1.0, alpha=0.7, zorder=2)
+    ref.set_gid(f"ref-unstitched-{tag}")
+    lo, hi = found.agreement_ci
+    ax.errorbar([n_points], [found.agreement],
+                yerr=[[max(0.0, found.agreement - lo)], [max(0.0, hi - found.agreement)]],
+                color=style["color"], linewidth=1.0, capsize=3, zorder=3).lines[2][0].set_gid(
+                    f"ci-unstitched-{tag}")
+    (marker,) = ax.plot([n_points], [found.agreement], color=style["color"],
+                        marker=style["marker"], markersize=8, linestyle="none", zorder=4)
+    gid = f"series-unstitched-{tag}"
+    marker.set_gid(gid)
+    return gid
 
 
 @dataclass
@@ -258,6 +295,9 @@ def agreement_panel(
         gid = f"series-agreement-{tag}-{protocol}"
         line.set_gid(gid)
         series.append(gid)
+    endpoint = draw_endpoint(ax, report, direction, len(points), tag)
+    if endpoint is not None:
+        series.append(endpoint)
     title = catalogue.OBJECTIVES.label(objective)
     drop = view.mean_drop(report, direction, objective)
     if drop is not None:
@@ -272,6 +312,9 @@ def _legend_handles(report: Report) -> list[Any]:
         Line2D([], [], label=catalogue.PROTOCOLS.label(p), **protocol_style(p))
         for p in view.protocols(report.results)
     ]
+    if report.unstitched_agreement:
+        handles.append(Line2D([], [], label=catalogue.UNSTITCHED.label,
+                              **catalogue.UNSTITCHED.style.as_kwargs()))
     handles.append(Patch(facecolor=to_rgba(GREY, 0.35), label="confidence interval"))
     kinds = {c.control for c in report.controls}
     handles += [band_legend(style) for kind, style in banded_controls() if kind in kinds]
@@ -297,15 +340,16 @@ def agreement_plot(report: Report, direction: Direction) -> Plot:
         for k, objective in enumerate(objectives):
             ax = axes[k // cols][k % cols]
             series.extend(agreement_panel(ax, report, direction, objective, points))
-            set_depth_axis(ax, points, direction)
+            set_depth_axis(ax, points, direction,
+                           endpoint=view.unstitched(report, direction) is not None)
             if k % cols == 0:
                 ax.set_ylabel(f"agreement with {view.end_model(report, direction)}, 0–1")
         for k in range(len(objectives), nrows * cols):
             axes[k // cols][k % cols].set_visible(False)
         fig.suptitle(view.direction_title(report, direction))
         handles = _legend_handles(report)
-        fig.legend(handles=handles, loc="outside lower center", ncols=len(handles),
-                   frameon=False)
+        fig.legend(handles=handles, loc="outside lower center",
+                   ncols=min(len(handles), LEGEND_COLUMNS), frameon=False)
         return fig
 
     title = f"Agreement versus depth, {DIRECTION_LABEL[direction]}"
@@ -323,6 +367,10 @@ def _agreement_description(
         f"{view.end_model(report, direction)} at {n_points} stitch points, shallow to deep, with "
         "confidence bands."
     ]
+    found = view.unstitched(report, direction)
+    if found is not None:
+        parts.append(f"Endpoint, {catalogue.UNSTITCHED.label}: {found.agreement:.3f} "
+                     f"{view.fmt_ci(found.agreement_ci)}.")
     for objective in objectives:
         for protocol in view.protocols(report.results):
             values = [

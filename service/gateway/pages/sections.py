@@ -183,6 +183,10 @@ def _legend_in_words(report: Report) -> str:
         if control.band is not None:
             parts.append(f"<strong>{esc(control.band.in_words().capitalize())}:</strong> "
                          f"{esc(control.band.label)} ({esc(control.description)}).")
+    if report.unstitched_agreement:
+        end = catalogue.UNSTITCHED
+        parts.append(f"<strong>Black X at the deep end, dotted line across:</strong> "
+                     f"{esc(end.label)} ({esc(end.description)}), with its interval.")
     baseline, iri = (esc(PROTOCOLS.label(p)) for p in catalogue.drop_protocols())
     parts.append(f"The gap between the {baseline} and the {iri} line is the functional "
                  f"difference the {baseline} protocol hides; a score near the floor says little.")
@@ -200,7 +204,27 @@ def agreement_section(report: Report, plots: Sequence[Plot]) -> str:
         _figure(p, esc(view.direction_title(report, d)) + ".")
         for p, d in zip(plots, view.directions(report), strict=True)
     )
-    return f'<section id="agreement"><h2>Agreement versus depth</h2>{intro}{figures}</section>'
+    return (f'<section id="agreement"><h2>Agreement versus depth</h2>{intro}{figures}'
+            f"{_unstitched_table(report)}</section>")
+
+
+def _unstitched_table(report: Report) -> str:
+    """The endpoint in every figure the rows carry, per direction."""
+    if not report.unstitched_agreement:
+        return ""
+    cols = [Col("direction"), Col("agreement", True), Col("CI", True),
+            Col("hard agr. (same class)", True), Col("both right/wrong", True),
+            Col("error κ", True), Col("soft κ", True), Col("front-position accuracy", True),
+            Col("samples", True)]
+    rows = [
+        [DIRECTION_LABEL[u.direction], fmt(u.agreement), fmt_ci(u.agreement_ci),
+         fmt(u.hard_agreement), fmt(u.correct_agreement), fmt(u.error_consistency),
+         fmt(u.soft_kappa), fmt(u.accuracy), str(u.samples)]
+        for u in report.unstitched_agreement
+    ]
+    return (f"<p>{esc(catalogue.UNSTITCHED.label.capitalize())}: "
+            f"{esc(catalogue.UNSTITCHED.description)}.</p>"
+            + table(cols, rows, "unstitched-table"))
 
 
 def controls_section(report: Report) -> str:
@@ -284,12 +308,13 @@ def iri_section(report: Report, plots: Sequence[Plot]) -> str:
 def results_section(report: Report) -> str:
     cols = [Col("direction"), Col("stitch point"), Col("objective"),
             Col("protocol"), Col("agreement", True), Col("CI", True), Col("hard agr.", True),
-            Col("drop", True), Col("accuracy", True), Col("penalty", True),
-            Col("error κ", True), Col("train loss", True), Col("seconds", True), Col("stitch")]
+            Col("both right/wrong", True), Col("drop", True), Col("accuracy", True),
+            Col("penalty", True), Col("error κ", True), Col("soft κ", True),
+            Col("train loss", True), Col("seconds", True), Col("stitch")]
     drops = view.point_drops(report)
     robust = view.has_robust(report)
     if robust:
-        cols.insert(8, Col("robust agr.", True))
+        cols.insert(9, Col("robust agr.", True))
 
     iri = catalogue.drop_protocols()[1]
 
@@ -301,9 +326,11 @@ def results_section(report: Report) -> str:
     rows = [
         [DIRECTION_LABEL[r.direction], stitch_cell(r), r.objective,
          PROTOCOLS.label(r.protocol), fmt(r.agreement), fmt_ci(r.agreement_ci),
-         fmt(r.hard_agreement), drop(r), *([view.robust_agreement(r)] if robust else []),
+         fmt(r.hard_agreement), fmt(r.correct_agreement), drop(r),
+         *([view.robust_agreement(r)] if robust else []),
          fmt(r.accuracy), fmt_signed(r.stitching_penalty),
-         fmt(r.error_consistency), fmt(r.train_loss, 4), fmt(r.seconds, 1), esc(r.stitch)]
+         fmt(r.error_consistency), fmt(r.soft_kappa), fmt(r.train_loss, 4),
+         fmt(r.seconds, 1), esc(r.stitch)]
         for r in report.results
     ]
     return (
@@ -312,8 +339,8 @@ def results_section(report: Report) -> str:
         "layer the stitch reads from → the layer it feeds into (in the back → front "
         "direction, a back-model layer into a front-model layer). Drop: standard minus "
         "invariance-aware agreement at that point. Penalty: the receiving "
-        "model's accuracy minus the stitched model's. Error κ: Cohen's kappa of the two being "
-        "right or wrong on the same samples."
+        "model's accuracy minus the stitched model's. "
+        + esc(view.AGREEMENT_NAMES)
         + (" Robust agr.: agreement on PGD test inputs crafted against the stitched model."
            if robust else "")
         + "</p>"

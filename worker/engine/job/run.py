@@ -18,6 +18,7 @@ from stitchsim.models import (
     ResultRow,
     Spec,
     Summary,
+    UnstitchedRow,
 )
 from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.errors import engine_failure, passes_through
@@ -34,6 +35,7 @@ from stitchsim_worker.engine.measures.summary import (
     verdict_caveats,
     withheld,
 )
+from stitchsim_worker.engine.measures.unstitched import unstitched_rows
 from stitchsim_worker.engine.models.network import Network
 from stitchsim_worker.engine.protocols.controls import CONTROLS, controls_to_run
 from stitchsim_worker.engine.resources import CancelFn, ProgressFn, Resources
@@ -82,10 +84,11 @@ def run_job(
             results = [row for d in directions for row in compare(ctx, d, measured)]
             controls = [row for c in controls_to_run(spec) for d in directions
                         for row in CONTROLS[c].run(ctx, d)]
+            unstitched = unstitched_rows(ctx)
         finally:
             ctx.close()
         tracker.finish()
-        return _report(Ran(ctx, results, controls, measured, device, tracker,
+        return _report(Ran(ctx, results, controls, unstitched, measured, device, tracker,
                            time.perf_counter() - t0, job_id))
     except Exception as exc:
         if passes_through(exc):
@@ -131,6 +134,7 @@ class Ran:
     ctx: JobContext
     results: list[ResultRow]
     controls: list[ResultRow]
+    unstitched: list[UnstitchedRow]
     measured: MeasureRun
     device: torch.device
     tracker: Tracker
@@ -154,6 +158,7 @@ def _report(ran: Ran) -> Report:
         dataset=dataset,
         results=results,
         controls=ran.controls,
+        unstitched_agreement=ran.unstitched,
         measures=measured.rows,
         measure_controls=measured.controls,
         summary=summary,

@@ -7,9 +7,11 @@ over test samples (or, with several seeds, a t-interval over seeds).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from stitchsim_worker.engine.registry import Registry
 
 BOOTSTRAP_RESAMPLES = 1000
 _BOOT_CHUNK = 100
@@ -53,31 +55,93 @@ def cohens_kappa(h_right: torch.Tensor, g_right: torch.Tensor) -> torch.Tensor:
     return torch.where(expected >= 1 - 1e-12, torch.ones_like(kappa), kappa)
 
 
-@dataclass
-class Figures:
-    agreement: float
-    hard_agreement: float
-    accuracy: float
-    error_consistency: float
+def soft_kappa(agree: torch.Tensor, h_true: torch.Tensor, g_true: torch.Tensor,
+               n_classes: int) -> torch.Tensor:
+    """Soft error consistency (the invariance-aware paper's soft kappa): kappa of the soft
+    agreement against what two independent models with these soft accuracies would reach.
+
+    c_obs is the mean soft agreement (`agreement_per_sample`); a and b are the mean softmax
+    probabilities of the true class; c_exp = a b + (1 - a)(1 - b) / (K - 1), the chance that
+    both put their mass on the same class when each spreads its error evenly over the K - 1
+    wrong ones. Works on batched rows (the last dim is the samples)."""
+    observed = agree.mean(-1)
+    a, b = h_true.mean(-1), g_true.mean(-1)
+    expected = a * b + (1 - a) * (1 - b) / max(n_classes - 1, 1)
+    kappa = (observed - expected) / (1 - expected)
+    return torch.where(expected >= 1 - 1e-12, torch.ones_like(kappa), kappa)
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Per-sample outcomes of a model h (the stitched one, or the front-position model with no
+    stitch) against the model it ends in, g; index rows select resamples (the bootstrap)."""
+
+    agree: torch.Tensor  # soft agreement
+    same: torch.Tensor  # h and g predict the same class
+    h_right: torch.Tensor
+    g_right: torch.Tensor
+    h_true: torch.Tensor  # h's softmax probability of the true class
+    g_true: torch.Tensor
+    n_classes: int
+
+    @staticmethod
+    def of(h_logits: torch.Tensor, g_logits: torch.Tensor, labels: torch.Tensor) -> Outcomes:
+        h_pred, g_pred = h_logits.argmax(-1), g_logits.argmax(-1)
+        column = labels.clamp_min(0)[:, None]  # unlabelled data never reaches here (logits)
+        return Outcomes(
+            agree=agreement_per_sample(h_logits, g_logits), same=h_pred == g_pred,
+            h_right=h_pred == labels, g_right=g_pred == labels,
+            h_true=h_logits.float().softmax(-1).gather(-1, column)[:, 0],
+            g_true=g_logits.float().softmax(-1).gather(-1, column)[:, 0],
+            n_classes=int(g_logits.shape[-1]),
+        )
+
+    def take(self, idx: torch.Tensor) -> Outcomes:
+        return Outcomes(self.agree[idx], self.same[idx], self.h_right[idx], self.g_right[idx],
+                        self.h_true[idx], self.g_true[idx], self.n_classes)
+
+
+@dataclass(frozen=True)
+class FigureEntry:
+    """One figure of a result row: its statistic over the samples (the last dim)."""
+
+    name: str
+    statistic: Callable[[Outcomes], torch.Tensor]
+
+
+FIGURES: Registry[FigureEntry] = Registry("row figure")
+"""Every figure of a result row, under its catalogue name (stitchsim.catalogue.ROW_FIGURES),
+in catalogue order; a row carries each with its interval."""
+register_figure = FIGURES.register
+
+register_figure(FigureEntry("agreement", lambda o: o.agree.mean(-1)))
+register_figure(FigureEntry("hard_agreement", lambda o: o.same.float().mean(-1)))
+# The paper's `hard_agreement`: both right or both wrong (with different classes, too).
+register_figure(FigureEntry("correct_agreement",
+                            lambda o: (o.h_right == o.g_right).float().mean(-1)))
+register_figure(FigureEntry("accuracy", lambda o: o.h_right.float().mean(-1)))
+register_figure(FigureEntry("error_consistency", lambda o: cohens_kappa(o.h_right, o.g_right)))
+register_figure(FigureEntry(
+    "soft_kappa", lambda o: soft_kappa(o.agree, o.h_true, o.g_true, o.n_classes)))
+
+
+class Figures(dict[str, float]):
+    """A row's point figures by name (FIGURES); also readable as attributes."""
+
+    def __getattr__(self, name: str) -> float:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
     @staticmethod
     def names() -> tuple[str, ...]:
-        return ("agreement", "hard_agreement", "accuracy", "error_consistency")
+        return tuple(FIGURES)
 
 
-def _figures(
-    agree: torch.Tensor, same: torch.Tensor, h_right: torch.Tensor, g_right: torch.Tensor
-) -> torch.Tensor:
-    """Rows of (agreement, hard_agreement, accuracy, error_consistency) per resample."""
-    return torch.stack(
-        [
-            agree.mean(-1),
-            same.float().mean(-1),
-            h_right.float().mean(-1),
-            cohens_kappa(h_right, g_right),
-        ],
-        dim=-1,
-    )
+def _figures(o: Outcomes) -> torch.Tensor:
+    """One column per figure (FIGURES order); one row per resample when indexed in 2-D."""
+    return torch.stack([entry.statistic(o) for entry in FIGURES.values()], dim=-1)
 
 
 @dataclass
@@ -94,18 +158,14 @@ class Evaluation:
 def evaluate(
     h_logits: torch.Tensor, g_logits: torch.Tensor, labels: torch.Tensor, seed: int = 0
 ) -> Evaluation:
-    agree = agreement_per_sample(h_logits, g_logits)
-    h_pred, g_pred = h_logits.argmax(-1), g_logits.argmax(-1)
-    same, h_right, g_right = h_pred == g_pred, h_pred == labels, g_pred == labels
-    point = _figures(agree, same, h_right, g_right)
-    boot = bootstrap(
-        lambda idx: _figures(agree[idx], same[idx], h_right[idx], g_right[idx]), len(labels), seed
-    )
+    outcomes = Outcomes.of(h_logits, g_logits, labels)
+    point = _figures(outcomes)
+    boot = bootstrap(lambda idx: _figures(outcomes.take(idx)), len(labels), seed)
     names = Figures.names()
     return Evaluation(
-        figures=Figures(*[float(v) for v in point]),
+        figures=Figures({name: float(point[k]) for k, name in enumerate(names)}),
         ci={name: (float(boot[0, k]), float(boot[1, k])) for k, name in enumerate(names)},
-        back_accuracy=float(g_right.float().mean()),
+        back_accuracy=float(outcomes.g_right.float().mean()),
     )
 
 

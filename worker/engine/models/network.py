@@ -10,9 +10,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 from stitchsim.failure import Failure
+from stitchsim.models import FulaPoints
 from stitchsim_worker.engine.models.cutting import BackPart, ModelSplitter, PointTrace, module_order
 from stitchsim_worker.engine.models.loading import LoadedModel
 from stitchsim_worker.engine.stitching.layer import Rep, rep_of
+from torch import nn
 
 AUTO_POINTS = 4
 EXAMPLE_BATCH = 2
@@ -155,20 +157,42 @@ class Network:
         picks = [round(1 + k * (last - 1) / (AUTO_POINTS - 1)) for k in range(AUTO_POINTS)]
         return [stages[k] for k in sorted(set(picks))]
 
-    def later_stages(self, point: str) -> list[str]:
-        """Stage outputs after `point`: the FuLA alignment points beyond the stitch.
+    def block_points(self) -> list[str]:
+        """Block outputs: each stage's blocks in execution order (the children of a stage
+        that is a Sequential or a ModuleList, or of its `blocks` one, as in ResNet's layer1.0,
+        layer1.1 or ConvNeXt's stages.0.blocks.0), the stage itself where it has none (a stem,
+        a ViT block). ResNet-18: act1 and its 8 basic blocks, the paper's FuLA points."""
+        modules = dict(self.net.named_modules())
+        names: list[str] = []
+        for stage in self.stage_points():
+            module = modules.get(stage)
+            inner, prefix = module, stage
+            if not isinstance(inner, nn.Sequential | nn.ModuleList):
+                inner, prefix = getattr(module, "blocks", None), f"{stage}.blocks"
+            blocks = []
+            if isinstance(inner, nn.Sequential | nn.ModuleList):
+                blocks = [f"{prefix}.{child}" for child, _ in inner.named_children()]
+                blocks = [b for b in blocks if b in self._index and b not in self.unstitchable]
+            names += blocks or [stage]
+        return sorted(dict.fromkeys(names), key=self._index.__getitem__)
 
-        A stage whose output is the point's own tensor (`layer3` for `layer3.1`, its last
-        block) is the l = j term already, so it is no later point; nor is a second name of one.
+    def later_points(self, point: str, kind: FulaPoints = "stages") -> list[str]:
+        """Block or stage outputs after `point`: the FuLA alignment points beyond the stitch.
+
+        One whose output is the point's own tensor (`layer3` for `layer3.1`, its last block)
+        is the l = j term already, so it is no later point; nor is a second name of one.
         """
         k = self._index[point]
         seen = {self.alias(point)}
         later = []
-        for p in self.stage_points():
+        for p in self.block_points() if kind == "blocks" else self.stage_points():
             if self._index[p] > k and self.alias(p) not in seen:
                 seen.add(self.alias(p))
                 later.append(p)
         return later
+
+    def later_stages(self, point: str) -> list[str]:
+        return self.later_points(point, "stages")
 
     def rep(self, point: str) -> Rep:
         return rep_of(
@@ -209,25 +233,35 @@ class Network:
     def back(self, point: str, outputs: Sequence[str] = ()) -> BackPart:
         """g_{>j}, returning the logits and the features at `outputs`.
 
-        One part per point serves every objective: it always computes every later stage, so
-        whether it needs the network input (the hook path) is a property of the point alone,
-        the same for the part that trains FuLA and the one that evaluates hlm.
+        One part per point serves every objective: it always computes every later block
+        output (which includes every later stage output, under a name of its own or of a
+        block with the same tensor), so whether it needs the network input (the hook path) is
+        a property of the point alone, the same for the part that trains FuLA and the one
+        that evaluates hlm.
         """
         if point not in self._backs:
-            widest = self.later_stages(point)
+            widest = self._widest(point)
             self._backs[point] = (self._back_part(point, widest), widest)
         part, widest = self._backs[point]
-        if any(o not in widest for o in outputs):
+        by_tensor = {self.alias(w): k for k, w in enumerate(widest)}
+        if any(self.alias(o) not in by_tensor for o in outputs):
             return self._back_part(point, outputs)
         if list(outputs) == widest:
             return part
-        pick = [widest.index(o) for o in outputs]
+        pick = [by_tensor[self.alias(o)] for o in outputs]
 
         def run(z: torch.Tensor, pixels: torch.Tensor | None) -> tuple:
             logits, feats = part(z, pixels)
             return logits, [feats[k] for k in pick]
 
         return BackPart(run, needs_input=part.needs_input)
+
+    def _widest(self, point: str) -> list[str]:
+        """Every later block output, and any later stage output no block shares a tensor with."""
+        blocks = self.later_points(point, "blocks")
+        covered = {self.alias(b) for b in blocks}
+        extra = [p for p in self.later_points(point, "stages") if self.alias(p) not in covered]
+        return sorted([*blocks, *extra], key=self._index.__getitem__)
 
     def _back_part(self, point: str, outputs: Sequence[str]) -> BackPart:
         part = self._splitter.back(point, outputs)

@@ -38,10 +38,10 @@ class Fit:
 
 
 def alignment_points(ctx: JobContext, cut: Cut) -> list[str]:
-    """The back model's points the objectives need targets at: j, then every later stage when
-    an objective aligns them (fula)."""
+    """The back model's points the objectives need targets at: j, then every later block (or
+    stage: spec.fula.points) output when an objective aligns them (fula)."""
     if catalogue.OBJECTIVES.any_of(ctx.spec.objectives, aligns_later_points=True):
-        return [cut.j, *cut.g.later_stages(cut.j)]
+        return [cut.j, *cut.g.later_points(cut.j, ctx.spec.fula.points)]
     return [cut.j]
 
 
@@ -51,7 +51,7 @@ def fit(ctx: JobContext, cut: Cut, objective: Objective, train: Split,
     t0 = time.perf_counter()
     entry, settings = OBJECTIVES[objective], ctx.spec.train
     aligns_later = catalogue.OBJECTIVES[objective].aligns_later_points
-    later = cut.g.later_stages(cut.j) if aligns_later else []
+    later = cut.g.later_points(cut.j, ctx.spec.fula.points) if aligns_later else []
     back = cut.g.back(cut.j, later)
     ctx.tracker.focus(objective=objective)
     logits, losses, stitches = [], [], []
@@ -121,6 +121,9 @@ def make_row(ctx: JobContext, cut: Cut, objective: Objective, protocol: Protocol
         stitching_penalty=back_accuracy - values["accuracy"],
         error_consistency=values["error_consistency"],
         error_consistency_ci=ci["error_consistency"],
+        correct_agreement=values["correct_agreement"],
+        correct_agreement_ci=ci["correct_agreement"],
+        soft_kappa=values["soft_kappa"], soft_kappa_ci=ci["soft_kappa"],
         train_loss=result.loss, seconds=result.seconds, stitch=result.stitch, **extra,
     )
 
