@@ -146,7 +146,11 @@ class ReferenceEntry(Entry):
 @dataclass(frozen=True)
 class ModelSourceEntry(Entry):
     prefix: str = ""
-    """How an `arch` names it: `prefix:NAME` (empty: a plain name)."""
+    """How an `arch` names it: `prefix:NAME`."""
+    plain: bool = False
+    """A plain name (no `prefix:`) is this source's."""
+    config_layout: bool = False
+    """A model folder's config.json in this source's layout names the architecture."""
 
 
 @dataclass(frozen=True)
@@ -423,7 +427,26 @@ MEASURE_INPUTS: Kind[MeasureInputEntry] = Kind("measure input", (
 MODEL_SOURCES: Kind[ModelSourceEntry] = Kind("model source", (
     ModelSourceEntry(
         "timm", "timm", "a timm registry name (plain names are timm), built with "
-        "pretrained=False and loaded strictly from the checkpoint"),
+        "pretrained=False and loaded strictly from the checkpoint; a hub-layout folder's "
+        "config.json gives the name, kwargs and preprocessing", prefix="timm", plain=True,
+        config_layout=True),
+    ModelSourceEntry(
+        "torchvision", "torchvision", "a torchvision.models.list_models() name "
+        "(torchvision:resnet50), built with weights=None; preprocessing from the "
+        "architecture's own weights' transforms", prefix="torchvision"),
+    ModelSourceEntry(
+        "transformers", "Hugging Face transformers", "a model class that transformers ships "
+        "(transformers:ViTForImageClassification), built with from_config from the "
+        "checkpoint's config.json (save_pretrained's folder); never remote code, never a hub "
+        "download; preprocessing from preprocessor_config.json when present",
+        prefix="transformers", config_layout=True),
+    ModelSourceEntry(
+        "stitchsim", "stitchsim's own", "architectures the service ships itself "
+        "(stitchsim:NAME), such as the autoencoders of its experiments", prefix="stitchsim"),
+    ModelSourceEntry(
+        "plugin", "operator plugin", "architectures a deployment installs into its worker "
+        "image under the Python entry-point group stitchsim.architectures (plugin:NAME); no "
+        "uploaded code ever runs", prefix="plugin"),
 ))
 
 OUTPUT_KINDS: Kind[OutputKindEntry] = Kind("output kind", (
@@ -512,3 +535,22 @@ def iri_protocol() -> str:
     """The plain IRI protocol (invariance-aware): the one that uses IRIs and crafts no
     attacks (its adversarial arm uses IRIs too)."""
     return PROTOCOLS.one(uses_iris=True, attacks=False)
+
+
+def split_arch(arch: str) -> tuple[str, str]:
+    """(source, name) of an `arch`: `torchvision:resnet50`; a plain name is the plain source's.
+    An unknown prefix comes back as it is (the caller says what is wrong with it)."""
+    prefix, sep, name = arch.partition(":")
+    if not sep:
+        return MODEL_SOURCES.one(plain=True), arch
+    for entry in MODEL_SOURCES:
+        if entry.prefix == prefix:
+            return entry.name, name
+    return prefix, name
+
+
+def arch_name_ok(arch: str) -> bool:
+    """A registry name of a catalogued source: no hub (`hf-hub:`), no path (`local-dir:`)."""
+    source, name = split_arch(arch)
+    return (source in MODEL_SOURCES and bool(name) and "/" not in name and "\\" not in name
+            and ":" not in name and name.strip() == name and not name.startswith("."))

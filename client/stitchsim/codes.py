@@ -56,6 +56,11 @@ _ENTRIES = _GENERIC + (
     _c("invalid_safetensors", 422, True, False, "the file is not a safetensors file we accept"),
     _c("unsupported_format", 415, True, False, "the file is a pickle, zip or other format"),
     _c("invalid_dataset", 422, True, False, "the file does not hold a usable dataset"),
+    _c("invalid_model_config", 422, True, False, "a model folder's config.json (or "
+       "preprocessor_config.json) is not JSON, too large, names no known architecture or asks "
+       "for remote code"),
+    _c("invalid_model_folder", 422, True, False, "a model folder lacks a file its layout "
+       "needs (config.json, a weights shard)"),
     _c("labels_needed", 422, True, False, "the dataset has no labels, and the job asks for "
        "figures that read them"),
     _c("idempotency_conflict", 409, True, False, "the Idempotency-Key was used for another "
@@ -84,7 +89,7 @@ _ENTRIES = _GENERIC + (
     _c("database_unavailable", 503, False, True, "the job table is unreachable"),
     _c("not_ready", 503, False, True, "job table, store, broker or workers are not ready"),
     # The engine: what a spec, a checkpoint or a dataset cannot do (at submission or in the job).
-    _c("unknown_arch", 422, True, False, "not a timm architecture name"),
+    _c("unknown_arch", 422, True, False, "not an architecture of a registered model source"),
     _c("invalid_arch_kwargs", 422, True, False, "create_model refuses these keyword arguments"),
     _c("invalid_checkpoint", 422, True, False, "the checkpoint cannot be read as weights"),
     _c("weights_mismatch", 422, True, False, "the weights do not fit the architecture"),

@@ -38,8 +38,10 @@ DIRECTION_ASCII: dict[str, str] = {"front_to_back": "front->back", "back_to_fron
 PREPROCESS_SOURCE_LABEL: dict[str, str] = {
     "spec": "set in the spec",
     "metadata": "from the checkpoint's metadata",
-    "measured": "measured on labelled samples",
+    "config": "from the model's own config (config.json, preprocessor_config.json)",
+    "measured": "measured on samples (accuracy, else normalisation statistics)",
     "default": "the default",
+    "undetermined": "UNDETERMINED: no measurement told the candidates apart",
 }
 ROLES = ("front", "back")
 
@@ -402,7 +404,10 @@ def preprocess_text(p: PreprocessInfo) -> str:
     text = (f"{p.name} at {p.input_size}px, mean {fmt_triple(p.mean)}, std "
             f"{fmt_triple(p.std)}, {PREPROCESS_SOURCE_LABEL.get(p.source, p.source)}")
     if p.candidates:
-        tried = ", ".join(f"{c.name} {fmt(c.accuracy)}" for c in p.candidates)
+        tried = ", ".join(
+            f"{c.name} {fmt(c.accuracy)}"
+            + (f" / stats {fmt(c.stats_distance)}" if c.stats_distance is not None else "")
+            for c in p.candidates)
         samples = f" on {p.samples} samples" if p.samples else ""
         text += f" (accuracy{samples}: {tried})"
     return text + (f"; {p.note}" if p.note else "")

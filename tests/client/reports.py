@@ -20,6 +20,7 @@ def make_report(
     objective_spread: float = 0.0,
     near_chance: str | None = None,
     caveats: Sequence[str] = (),
+    undetermined: str | None = None,
 ) -> Report:
     """A report for `spec`; `agreement[(protocol, direction)]` is the mean over stitch points
     and objectives, which is how the engine pools them for the verdict.
@@ -27,7 +28,8 @@ def make_report(
     Stitch points deviate from it by ±layer_spread/2 and objectives by ±objective_spread/2,
     symmetrically, so the pooled mean stays exact. Missing entries default to 0.95.
     `near_chance` ("front" or "back") puts that model at chance: no verdict, and why;
-    `caveats` become the verdict's caveats.
+    `caveats` become the verdict's caveats; `undetermined` ("front" or "back") gives that
+    model a preprocessing no measurement decided.
     """
     spec = spec if isinstance(spec, Spec) else Spec.model_validate(spec)
     agreement = agreement or {}
@@ -69,7 +71,7 @@ def make_report(
                     )
     summary = summarise(spec, results)
     models = {side: _model(ref.checkpoint if isinstance(ref.checkpoint, str) else "local",
-                           at_chance=near_chance == side)
+                           at_chance=near_chance == side, undetermined=undetermined == side)
               for side, ref in (("front", spec.front), ("back", spec.back))}
     reason = withheld(spec, models["front"], models["back"])
     return Report(job_id=job_id, spec=spec, **models, dataset={"name": "digits"},
@@ -78,13 +80,17 @@ def make_report(
                   verdict_caveats=[*verdict_caveats(summary, results), *caveats])
 
 
-def _model(checkpoint: str, *, at_chance: bool) -> ModelSummary:
+def _model(checkpoint: str, *, at_chance: bool, undetermined: bool = False) -> ModelSummary:
     accuracy = 0.1 if at_chance else 0.9
+    preprocess = PreprocessInfo(name="none", input_size=32, mean=(0.0, 0.0, 0.0),
+                                std=(1.0, 1.0, 1.0), source="metadata",
+                                note="mean and std from the checkpoint's metadata")
+    if undetermined:
+        preprocess = preprocess.model_copy(update={
+            "source": "undetermined", "note": "UNDETERMINED: nothing told the candidates apart"})
     return ModelSummary(
         checkpoint=checkpoint, arch="test_resnet", accuracy=accuracy,
         accuracy_ci=(accuracy - 0.02, accuracy + 0.02), input_size=32,
-        preprocess=PreprocessInfo(name="none", input_size=32, mean=(0.0, 0.0, 0.0),
-                                  std=(1.0, 1.0, 1.0), source="metadata",
-                                  note="mean and std from the checkpoint's metadata"),
+        preprocess=preprocess,
         chance_accuracy=0.1, near_chance=at_chance,
     )

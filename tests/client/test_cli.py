@@ -223,6 +223,17 @@ def test_caveats_are_printed_under_the_verdict(
     assert lines[-1] == "  caveat: the figure rests on unconverged IRIs"
 
 
+def test_an_undetermined_preprocessing_is_said_loudly(
+    fake: FakeService, files: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fake.report_extra = {"undetermined": "back"}
+    assert check(fake, files, "--threshold", "0.9") == 0
+    out = capsys.readouterr().out
+    assert ("PREPROCESSING UNDETERMINED (back model): UNDETERMINED: nothing told the "
+            "candidates apart") in out
+    assert "UNDETERMINED: no measurement told the candidates apart" in out  # the table's
+
+
 def test_service_down_exits_3(
     files: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,6 +15,7 @@ from stitchsim_worker.engine.iri.methods import IRI_METHODS
 from stitchsim_worker.engine.measures.metrics import FIGURES
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
 from stitchsim_worker.engine.measures.similarity import MEASURES
+from stitchsim_worker.engine.models.sources import SOURCES
 from stitchsim_worker.engine.protocols import PROTOCOLS
 from stitchsim_worker.engine.protocols.attacks import ATTACKS
 from stitchsim_worker.engine.protocols.controls import CONTROLS
@@ -38,12 +39,11 @@ ENGINE: dict[str, Registry] = {  # type: ignore[type-arg]
     catalogue.ROW_FIGURES.kind: FIGURES,
     catalogue.OUTPUT_KINDS.kind: OUTPUTS,
     catalogue.IRI_METHODS.kind: IRI_METHODS,
+    catalogue.MODEL_SOURCES.kind: SOURCES,
 }
 WITHOUT_ENGINE_REGISTRY = {
     catalogue.MEASURE_INPUTS.kind: "real inputs and IRIs are the two inputs measures.in_job "
                                    "feeds every measure; nothing to register",
-    catalogue.MODEL_SOURCES.kind: "timm is the one source: models.loading builds every arch "
-                                  "with it (issue 28 brings the sources' registry)",
     catalogue.DATASET_FORMATS.kind: "safetensors is the one format data.datasets reads "
                                     "(issue 29 brings the readers' registry)",
 }

@@ -234,7 +234,7 @@ def test_how_each_model_input_was_prepared() -> None:
     table = html[html.index('id="preprocess-table"'):]
     table = table[: table.index("</table>")]
     assert "How each model's input was prepared" in html
-    assert "<td>front</td><td>timm</td>" in table and "measured on labelled samples" in table
+    assert "<td>front</td><td>timm</td>" in table and "measured on samples" in table
     assert "<td>back</td><td>inception</td>" in table and "from the checkpoint&#x27;s" in table
     candidates = html[html.index('id="preprocess-front-candidates"'):]
     candidates = candidates[: candidates.index("</table>")]

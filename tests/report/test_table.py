@@ -118,8 +118,9 @@ def test_each_model_says_how_its_input_was_prepared() -> None:
     front = lines.index(next(line for line in lines if line.startswith("front: resnet18")))
     assert lines[front + 1] == (
         "  input: timm at 32px, mean (0.485, 0.456, 0.406), std (0.229, 0.224, 0.225), measured "
-        "on labelled samples (accuracy on 256 samples: timm 0.961, none 0.734, inception "
-        "0.902); the best-predicting candidate on labelled test samples"
+        "on samples (accuracy, else normalisation statistics) (accuracy on 256 samples: timm "
+        "0.961, none 0.734, inception 0.902); the best-predicting candidate on labelled test "
+        "samples"
     )
     back = lines.index(next(line for line in lines if line.startswith("back: resnet26")))
     assert lines[back + 1].startswith("  input: inception at 32px, mean (0.5, 0.5, 0.5)")

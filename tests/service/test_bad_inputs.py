@@ -15,7 +15,13 @@ import pytest
 from stitchsim import catalogue
 
 from tests.service.conftest import tiny_spec, upload
-from tests.service.helpers import dataset_bytes, raw_safetensors, restamp, torch_zip_bytes
+from tests.service.helpers import (
+    dataset_bytes,
+    raw_safetensors,
+    restamp,
+    safetensors_bytes,
+    torch_zip_bytes,
+)
 
 T = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
 
@@ -84,7 +90,43 @@ def _declared_too_large(c: httpx.Client, env: dict[str, Any]) -> httpx.Response:
                   headers={"content-type": "application/octet-stream"})
 
 
+def _with_config(config: str, **more: str) -> bytes:
+    """A packed model folder: its config.json travels in the file's metadata."""
+    return safetensors_bytes({"a": np.zeros(2, np.float32)},
+                             metadata={"config.json": config, **more})
+
+
+_HF = {"model_type": "convnext", "architectures": ["ConvNextForImageClassification"],
+       "hidden_sizes": [8, 16], "depths": [1, 1], "num_stages": 2, "num_labels": 10}
+
+
+def _submit_folder(config: dict[str, Any]) -> Callable[..., httpx.Response]:
+    # New files with the submission: the config is judged by the spec check, at submission,
+    # and the files it refuses are rolled back with the job.
+    def call(c: httpx.Client, env: dict[str, Any]) -> httpx.Response:
+        spec = tiny_spec({}, {})
+        del spec["front"], spec["back"]
+        return c.post("/similarity", files={"front": _with_config(json.dumps(config)),
+                                            "back": env["front_path"].read_bytes()},
+                      data={"spec": json.dumps(spec)})
+    return call
+
+
 CASES = [
+    Case("config.json with auto_map", _file(_with_config(json.dumps(
+        {**_HF, "auto_map": {"AutoModel": "evil.Model"}}))), 422, "invalid_model_config",
+        "field 'auto_map'"),
+    Case("config.json not JSON", _file(_with_config("{model_type: vit")), 422,
+         "invalid_model_config", "config.json is not valid JSON"),
+    Case("config.json over its cap", _file(_with_config(json.dumps(
+        {**_HF, "pad": "x" * 300_000}))), 422, "invalid_model_config", "more than the"),
+    Case("config.json of an unknown model type", _submit_folder({**_HF, "model_type": "nope"}),
+         422, "invalid_model_config", "config.json: field 'model_type'"),
+    Case("config.json of an unknown class", _submit_folder(
+        {**_HF, "architectures": ["NoSuchForImageClassification"]}), 422, "unknown_arch",
+        "config.json field 'architectures'"),
+    Case("config.json that does not fit the weights", _submit_folder(_HF), 422,
+         "weights_mismatch", "as config.json describes it: missing keys"),
     Case("pickle", _file(pickle.dumps({"weight": [1.0, 2.0]})), 415, "unsupported_format",
          "safetensors"),
     Case("torch.save zip", _file(torch_zip_bytes()), 415, "unsupported_format", "torch.save"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +83,18 @@ class Resources:
             raise Failure("invalid_spec",
                           f"local {kind} paths are only accepted by `stitchsim-server run`")
         path = Path(ref.path).expanduser()
+        if kind == "checkpoint" and path.is_dir():
+            return self._packed_folder(path)
         if not path.is_file():
             raise Failure("invalid_spec", f"{kind} file {str(path)!r} does not exist")
         return path
+
+    def _packed_folder(self, folder: Path) -> Path:
+        """A local model folder (save_pretrained, timm hub layout) as the one file an upload
+        of it would be, packed into the cache."""
+        from stitchsim.files.folder import pack_model_folder
+
+        name = hashlib.sha256(str(folder.resolve()).encode()).hexdigest()[:16]
+        out = self.cache_dir / "folders" / f"{name}.safetensors"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return pack_model_folder(folder, out).path

@@ -62,6 +62,10 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         raise
 
     print(table_text(report), file=out)
+    for role, model in (("front", report.front), ("back", report.back)):
+        if model.preprocess is not None and model.preprocess.source == "undetermined":
+            print(f"PREPROCESSING UNDETERMINED ({role} model): {model.preprocess.note}",
+                  file=out)
     if args.junit_xml:
         write_file(args.junit_xml, report_to_junit(report, time_s=time.monotonic() - started))
     if view.no_verdict_despite_threshold(report):

@@ -56,7 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                        ("--controls", catalogue.CONTROLS)):
         s.add_argument(flag, help=f"comma-separated, of: {_escaped(kind.help())}")
     s.add_argument("--directions", choices=["front_to_back", "back_to_front", "both"])
-    s.add_argument("--arch", help="timm architecture of both models (else from the files)")
+    s.add_argument("--arch", help="architecture of both models (else from the files): a timm "
+                   "name, or SOURCE:NAME such as torchvision:resnet50")
     s.add_argument("--arch-kwargs", metavar="JSON", help="e.g. '{\"num_classes\": 10}'")
     s.add_argument(
         "--set",
@@ -99,8 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
         "reference is always the front model, so work that depends only on it (its IRIs) is "
         "cached by the service across checks.",
     )
-    p.add_argument("reference", help="safetensors file or sha256: id")
-    p.add_argument("candidate", help="safetensors file or sha256: id")
+    p.add_argument("reference", help="safetensors file, model folder (save_pretrained or timm "
+                   "hub layout) or sha256: id")
+    p.add_argument("candidate", help="safetensors file, model folder (save_pretrained or timm "
+                   "hub layout) or sha256: id")
     p.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report here")
     p.add_argument(
         "--keep-running",

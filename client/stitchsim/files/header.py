@@ -29,6 +29,7 @@ from stitchsim.files.limits import (
     MAX_U64,
     SNIFF_BYTES,
 )
+from stitchsim.files.model_config import from_metadata
 from stitchsim.files.sniff import sniff
 from stitchsim.jsondepth import MAX_JSON_DEPTH, nested_deeper_than
 
@@ -220,6 +221,7 @@ def _check_metadata(meta: Any) -> dict[str, str]:
             raise SafetensorsError(
                 f"__metadata__['arch_kwargs'] is nested more than {MAX_JSON_DEPTH} levels deep"
             )
+    from_metadata(meta)  # a packed folder's config.json: JSON, capped, no remote code
     return dict(meta)
 
 

@@ -163,7 +163,14 @@ class PreprocessCandidate(BaseModel):
     name: str
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
-    accuracy: float = Field(description="accuracy on the labelled samples it was measured on")
+    accuracy: float | None = Field(
+        default=None, description="accuracy on the labelled samples it was measured on; null "
+        "without labels")
+    stats_distance: float | None = Field(
+        default=None, description="label-free: mean KL divergence of its inputs' batch "
+        "statistics from the running statistics of the model's first normalisation layer "
+        "(lower is closer to training); measured when accuracy does not tell the candidates "
+        "apart")
 
 
 class PreprocessInfo(BaseModel):
@@ -194,6 +201,11 @@ class ModelSummary(BaseModel):
     input_size: int
     layers: list[str] = Field(default=[], description="stitch points used on this model")
     preprocess: PreprocessInfo | None = None
+    source: str = Field(default="timm", description="the model source that built it (a "
+                        "catalogue name: timm, torchvision, transformers, stitchsim, plugin)")
+    source_metadata: dict[str, str] = Field(
+        default={}, description="where the architecture came from: a model folder's layout, "
+        "its config file, the class or the preprocessing it gave")
     chance_accuracy: float | None = Field(
         default=None, description="1 / number of classes of the dataset"
     )

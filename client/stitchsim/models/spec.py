@@ -37,7 +37,9 @@ class ModelRef(_Strict):
         description='"sha256:<hex>" of an uploaded checkpoint, or {"path": ...} for local runs'
     )
     arch: str | None = Field(
-        default=None, description="timm architecture; else the checkpoint's __metadata__ arch"
+        default=None, description="a timm name, or SOURCE:NAME of another model source ("
+        + ", ".join(catalogue.MODEL_SOURCES.names) + "); else the checkpoint's metadata or "
+        "config.json"
     )
     arch_kwargs: dict[str, Any] | None = Field(
         default=None, description="create_model kwargs; else the checkpoint's metadata"
@@ -47,8 +49,9 @@ class ModelRef(_Strict):
     )
     preprocess: Preprocessing = Field(
         default="auto",
-        description="auto: metadata, else measured on labelled samples; timm | none | inception "
-        "force one; explicit mean/std win over all of these",
+        description="auto: metadata, else the model's own config, else measured (accuracy, "
+        "else normalisation statistics; undetermined when neither decides); timm | none | "
+        "inception force one; explicit mean/std win over all of these",
     )
     mean: tuple[float, float, float] | None = None
     std: tuple[float, float, float] | None = None
@@ -61,10 +64,12 @@ class ModelRef(_Strict):
 
     @field_validator("arch")
     @classmethod
-    def _plain_registry_name(cls, v: str | None) -> str | None:
+    def _registry_name(cls, v: str | None) -> str | None:
         # hf-hub:/local-dir: names make timm download or read arbitrary paths.
-        if v is not None and (":" in v or "/" in v or not v.strip()):
-            raise ValueError(f"arch must be a plain timm model name, got {v!r}")
+        if v is not None and not catalogue.arch_name_ok(v):
+            prefixes = ", ".join(f"{e.prefix}:" for e in catalogue.MODEL_SOURCES)
+            raise ValueError(f"arch must be a plain timm model name or SOURCE:NAME with a "
+                             f"source prefix of {prefixes} got {v!r}")
         return v
 
     @field_validator("std")

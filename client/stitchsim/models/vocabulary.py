@@ -60,7 +60,7 @@ Preprocessing = Literal["auto", "timm", "none", "inception"]
 config (ImageNet mean/std for most), `none` feeds plain [0,1] pixels, `inception` maps them to
 [-1,1] (mean = std = 0.5), and `auto` (the default) takes the checkpoint's metadata, else
 measures the candidates on labelled samples and keeps the best-predicting one."""
-PreprocessSource = Literal["spec", "metadata", "measured", "default"]
+PreprocessSource = Literal["spec", "metadata", "config", "measured", "default", "undetermined"]
 
 # The one ordering of each enumeration that is not a catalogue kind (those are in theirs).
 DIRECTIONS: tuple[Direction, ...] = get_args(Direction)

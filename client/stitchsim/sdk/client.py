@@ -38,6 +38,7 @@ from stitchsim.errors import (
 )
 from stitchsim.files.dataset import check_dataset
 from stitchsim.files.errors import SafetensorsError
+from stitchsim.files.folder import is_model_folder, pack_model_folder
 from stitchsim.files.header import read_header
 from stitchsim.models import (
     BUILTIN_DATASETS,
@@ -153,7 +154,22 @@ class Client:
     # ------------------------------------------------------------ uploads
 
     def upload_checkpoint(self, path: PathLike) -> StoredObject:
-        """Upload a safetensors checkpoint unless the service already holds the same bytes."""
+        """Upload a safetensors checkpoint unless the service already holds the same bytes.
+
+        `path` may also be a model folder as `transformers`' `save_pretrained` or timm's hub
+        layout writes it (config.json beside model.safetensors, or beside the shards that
+        model.safetensors.index.json lists): it is packed into one file first, every tensor
+        plus the config files in its metadata, so the service stores all of it or nothing.
+        """
+        if is_model_folder(path):
+            with tempfile.TemporaryDirectory(prefix="stitchsim-model-") as tmp:
+                try:
+                    packed = pack_model_folder(path, Path(tmp) / "model.safetensors")
+                except SafetensorsError as exc:
+                    raise InvalidFile(f"{path}: {exc.message}", code=exc.code) from None
+                log.info("%s: %s folder of %s (%d tensors, %d shard(s))", path,
+                         packed.config.layout, packed.config.arch, packed.tensors, packed.shards)
+                return self._upload(StoredObject, "checkpoints", packed.path)
         return self._upload(StoredObject, "checkpoints", path)
 
     def upload_dataset(
@@ -386,9 +402,10 @@ class Client:
             checkpoint = checkpoint["path"]
         if not isinstance(checkpoint, str | os.PathLike):
             raise UsageError(f"{side}: expected a file path or a sha256: id, got {checkpoint!r}")
-        if not Path(checkpoint).is_file():
+        if not Path(checkpoint).is_file() and not is_model_folder(checkpoint):
             raise UsageError(
-                f"{side}: {os.fspath(checkpoint)!r} is neither a file nor a sha256:<64 hex> id"
+                f"{side}: {os.fspath(checkpoint)!r} is neither a file nor a sha256:<64 hex> "
+                "id (nor a model folder)"
             )
         return self.upload_checkpoint(checkpoint).id
 

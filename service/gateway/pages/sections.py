@@ -114,9 +114,12 @@ def _candidates_table(role: str, m: ModelSummary) -> str:
     if p is None or not p.candidates:
         return ""
     rows = [[esc(c.name) + (" (chosen)" if c.name == p.name else ""), esc(fmt_triple(c.mean)),
-             esc(fmt_triple(c.std)), fmt(c.accuracy)] for c in p.candidates]
-    samples = f" on {p.samples} labelled samples" if p.samples else ""
-    cols = [Col("candidate"), Col("mean"), Col("std"), Col("accuracy", True)]
+             esc(fmt_triple(c.std)), fmt(c.accuracy), fmt(c.stats_distance)]
+            for c in p.candidates]
+    labelled = any(c.accuracy is not None for c in p.candidates)
+    samples = f" on {p.samples} {'labelled ' if labelled else ''}samples" if p.samples else ""
+    cols = [Col("candidate"), Col("mean"), Col("std"), Col("accuracy", True),
+            Col("normalisation-stats distance", True)]
     return (f"<p>{esc(role)} model: the candidates tried{esc(samples)}.</p>"
             + table(cols, rows, f"preprocess-{role}-candidates"))
 

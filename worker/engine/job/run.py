@@ -127,6 +127,8 @@ def _model_summary(
         input_size=net.preprocess.input_size,
         layers=points,
         preprocess=net.model.choice.info,
+        source=net.model.source,
+        source_metadata=net.model.info.metadata,
         chance_accuracy=chance,
         near_chance=(acc is not None and ci is not None and chance is not None
                      and near_chance(acc, ci, chance)),
@@ -174,10 +176,23 @@ def _report(ran: Ran) -> Report:
         verdict_reason=reason,
         verdict_caveats=verdict_caveats(summary, results, spec.iri),
         iri_settings=spec.iri if _made_iris(results + ran.controls, measured.rows) else None,
-        warnings=ctx.warnings,
+        warnings=[*_undetermined(front, back), *ctx.warnings],
         notes=_notes(spec, prep, ran),
         environment=_environment(ran.device, ran.tracker, spec.train.seed, ran.seconds),
     )
+
+
+def _undetermined(front: ModelSummary, back: ModelSummary) -> list[str]:
+    """Loud, first among the job's warnings: a preprocessing no measurement could decide."""
+    return [
+        f"THE {role.upper()} MODEL'S PREPROCESSING IS UNDETERMINED: neither accuracy nor the "
+        f"statistics of its first normalisation layer told the candidates apart, so "
+        f"{m.preprocess.name} (mean {list(m.preprocess.mean)}, std {list(m.preprocess.std)}) "
+        f"is a guess and every figure rests on it; set {role}.preprocess or {role}.mean/std "
+        "in the spec"
+        for role, m in (("front", front), ("back", back))
+        if m.preprocess is not None and m.preprocess.source == "undetermined"
+    ]
 
 
 def _made_iris(rows: list[ResultRow], measures: list[MeasureRow]) -> bool:

@@ -1,17 +1,18 @@
-"""Frozen timm models built from safetensors checkpoints, with their input preprocessing."""
+"""Frozen models built from safetensors checkpoints by their model source (models.sources:
+timm, torchvision, transformers, the project's own, plugins), with their input preprocessing."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import timm
 import torch
 from safetensors import SafetensorError, safe_open
 from stitchsim.catalogue import OUTPUT_KINDS
 from stitchsim.failure import Failure
+from stitchsim.files.model_config import CONFIG_FILE, InvalidModelConfig, ModelConfig, from_metadata
 from stitchsim.models import ModelRef
 from stitchsim_worker.engine.measures.outputs import detect_kind
 from stitchsim_worker.engine.models import autoencoder as _autoencoder  # noqa: F401 - registers it
@@ -21,6 +22,13 @@ from stitchsim_worker.engine.models.preprocess import (
     choose,
     input_size,
     metadata_json,
+)
+from stitchsim_worker.engine.models.sources import (
+    Build,
+    SourceEntry,
+    SourceInfo,
+    own_layout,
+    source_of,
 )
 from torch import nn
 
@@ -41,6 +49,8 @@ class LoadedModel:
     output: str = "logits"
     """Its output kind (catalogue OUTPUT_KINDS): how its outputs are scored and matched."""
     output_source: str = "detected"
+    source: str = "timm"
+    info: SourceInfo = field(default_factory=SourceInfo)
 
     @property
     def preprocess(self) -> Preprocess:
@@ -60,45 +70,59 @@ def read_metadata(path: Path) -> dict[str, str]:
                       "safetensors.torch.save_file") from e
 
 
-def resolve_arch(ref: ModelRef, meta: dict[str, str], where: str) -> tuple[str, dict[str, Any]]:
-    """Architecture and kwargs: the spec wins, else the checkpoint's metadata."""
-    arch = ref.arch or meta.get("arch")
+def folder_config(meta: dict[str, str], where: str) -> ModelConfig | None:
+    """The config.json a packed folder carries (checked again: the file may be local)."""
+    try:
+        return from_metadata(meta)
+    except InvalidModelConfig as e:
+        raise Failure(e.code, f"{where}: {e.message}", e.details) from None
+
+
+def resolve_arch(ref: ModelRef, meta: dict[str, str], where: str,
+                 config: ModelConfig | None = None) -> tuple[str, dict[str, Any]]:
+    """Architecture and kwargs: the spec wins, else the checkpoint's metadata, else its
+    folder's config.json."""
+    arch = ref.arch or meta.get("arch") or (config.arch if config is not None else None)
     if not arch:
         raise Failure("unknown_arch",
-                      f"{where}: no architecture given; set {where}.arch in the spec or store "
-                      "'arch' in the checkpoint's __metadata__")
+                      f"{where}: no architecture given; set {where}.arch in the spec (a timm "
+                      "name or SOURCE:NAME such as torchvision:resnet50), store 'arch' in the "
+                      "checkpoint's __metadata__, or upload the model's folder with its "
+                      "config.json")
     kwargs = ref.arch_kwargs
     if kwargs is None:
-        kwargs = metadata_json(meta, "arch_kwargs", where) or {}
+        kwargs = metadata_json(meta, "arch_kwargs", where)
+    if kwargs is None:
+        kwargs = config.arch_kwargs if config is not None and config.arch == arch else {}
     if not isinstance(kwargs, dict):
         raise Failure("invalid_spec", f"{where}: arch_kwargs must be a JSON object")
-    check_arch_name(arch, where)
+    try:
+        check_arch_name(arch, where)
+    except Failure as e:
+        if ref.arch or config is None or arch != config.arch:
+            raise
+        field = "architecture" if config.layout == "timm" else "architectures"
+        raise Failure(e.code, f"{e.message} (from {CONFIG_FILE} field {field!r}); fix it, or "
+                      f"name the architecture with {where}.arch (--arch)",
+                      {**(e.details or {}), "file": CONFIG_FILE, "field": field}) from None
     return arch, kwargs
 
 
 def check_arch_name(arch: str, where: str) -> None:
-    # Only plain registry names: 'hf-hub:' and 'local-dir:' would download or read paths.
-    if ":" in arch or "/" in arch or not timm.is_model(arch):
-        close = timm.list_models(f"*{arch.split(':')[-1].split('/')[-1][:12]}*")[:_MAX_LISTED]
-        hint = f"; similar names: {', '.join(close)}" if close else ""
-        raise Failure("unknown_arch", f"{where}: {arch!r} is not a timm architecture{hint}")
+    """unknown_arch unless a registered source knows the name (no hub, no paths)."""
+    source_of(arch, where)
 
 
-def _create(arch: str, kwargs: dict[str, Any], where: str) -> nn.Module:
-    forbidden = {"pretrained", "pretrained_cfg_overlay", "checkpoint_path", "pretrained_cfg"}
-    if forbidden & kwargs.keys():
-        raise Failure("invalid_spec",
-                      f"{where}: arch_kwargs may not set {sorted(forbidden & kwargs.keys())}")
-    try:
-        return timm.create_model(arch, pretrained=False, **kwargs)
-    except (TypeError, ValueError, AssertionError, RuntimeError, KeyError) as e:
-        raise Failure(
-            "invalid_arch_kwargs",
-            f"{where}: timm could not build {arch!r} with arch_kwargs {kwargs}: {e}",
-        ) from e
+def _build_spec(arch: str, kwargs: dict[str, Any], config: ModelConfig | None, where: str
+                ) -> tuple[SourceEntry, Build]:
+    entry, name = source_of(arch, where)
+    # A folder's config builds the model only in its own source's hands (a spec's timm arch
+    # over a transformers folder ignores config.json, as it ignores the metadata's arch).
+    own = config if config is not None and config.layout == entry.name else None
+    return entry, Build(name, kwargs, own, where)
 
 
-Shapes = dict[str, tuple[int, ...]]
+Shapes = dict[str, tuple[int, ...]]  # noqa: F811 - as models.sources spells it
 
 
 def _fit_report(model: Shapes, ckpt: Shapes) -> str | None:
@@ -117,12 +141,22 @@ def _fit_report(model: Shapes, ckpt: Shapes) -> str | None:
     return "; ".join(parts) or None
 
 
-def _check_fit(net: nn.Module, ckpt: Shapes, arch: str, kwargs: dict[str, Any], where: str
-               ) -> None:
-    problem = _fit_report({k: tuple(v.shape) for k, v in net.state_dict().items()}, ckpt)
-    if problem:
+def _check_fit(net: nn.Module, ckpt: Shapes, arch: str, kwargs: dict[str, Any], where: str,
+               meta: dict[str, str], entry: SourceEntry) -> int:
+    """Which of the source's checkpoint layouts the file has; weights_mismatch if none."""
+    layouts = entry.layouts(net) if entry.layouts is not None else [own_layout(net)]
+    problems = [_fit_report(layout, ckpt) for layout in layouts]
+    if None in problems:
+        return problems.index(None)
+    problem = problems[-1] if len(problems) > 1 else problems[0]
+    if CONFIG_FILE in meta:
         raise Failure("weights_mismatch",
-                      f"{where}: checkpoint does not fit {arch} {kwargs}: {problem}")
+                      f"{where}: the weights (model.safetensors) do not fit {arch} as "
+                      f"{CONFIG_FILE} describes it: {problem}; the config and the weights come "
+                      "from different models: save both with one save_pretrained (or "
+                      "save_for_hf) call", {"file": CONFIG_FILE})
+    raise Failure("weights_mismatch",
+                  f"{where}: checkpoint does not fit {arch} {kwargs}: {problem}")
 
 
 def _strip_wrapper_prefix(sd: dict[str, Any]) -> dict[str, Any]:
@@ -143,37 +177,34 @@ def _read(path: Path, where: str, shapes_only: bool) -> dict[str, Any]:
                       f"{where}: cannot read tensors from {path.name}: {e}") from e
 
 
-def _fixed_input_size(net: nn.Module) -> int | None:
-    patch_embed = getattr(net, "patch_embed", None)
-    size = getattr(patch_embed, "img_size", None)
-    # Position embeddings are sized for img_size, whether or not the patch embed checks it.
-    if size is not None and not getattr(patch_embed, "dynamic_img_size", False):
-        return int(size[0] if isinstance(size, (tuple, list)) else size)
-    cfg = getattr(net, "pretrained_cfg", {}) or {}
-    if cfg.get("fixed_input_size"):
-        return int(cfg["input_size"][-1])
-    return None
-
-
 def _num_classes(net: nn.Module) -> int:
     """Its classes; 0 for a model without a classifier head (an embedder, an autoencoder)."""
     n = getattr(net, "num_classes", None)
-    return int(n) if isinstance(n, int) else 0
+    if isinstance(n, int):
+        return n
+    if type(net).__name__.endswith("ForImageClassification"):
+        n = getattr(getattr(net, "config", None), "num_labels", None)
+        return int(n) if isinstance(n, int) else 0
+    if hasattr(net, "config"):  # a transformers model without a classification head: an embedder
+        return 0
+    # torchvision and plugins: the last linear layer is the head
+    heads = [m.out_features for m in net.modules() if isinstance(m, nn.Linear)]
+    return int(heads[-1]) if heads else 0
 
 
 def _choice(
-    ref: ModelRef, meta: dict[str, str], net: nn.Module, native_size: int, where: str
+    ref: ModelRef, meta: dict[str, str], info: SourceInfo, native_size: int, where: str
 ) -> Choice:
-    size = input_size(ref, meta, _fixed_input_size(net), native_size, where)
-    return choose(ref, meta, net, size, where)
+    size = input_size(ref, meta, info.fixed_size, native_size, where)
+    return choose(ref, meta, info, size, where)
 
 
 def _loaded(
     net: nn.Module, arch: str, kwargs: dict[str, Any], checkpoint: str, choice: Choice,
-    given: tuple[str | None, str] = (None, "detected"),
+    source: str, info: SourceInfo, given: tuple[str | None, str] = (None, "detected"),
 ) -> LoadedModel:
     net.eval().requires_grad_(False)
-    kind, source = given
+    kind, output_source = given
     if kind is None:
         kind = detect_output(net, choice.preprocess.input_size, arch)
     return LoadedModel(
@@ -183,10 +214,12 @@ def _loaded(
         checkpoint=checkpoint,
         choice=choice,
         num_classes=_num_classes(net),
-        num_prefix_tokens=int(getattr(net, "num_prefix_tokens", 0) or 0),
-        output_fmt=str(getattr(net, "output_fmt", "NCHW")),
+        num_prefix_tokens=info.num_prefix_tokens,
+        output_fmt=info.output_fmt,
+        source=source,
+        info=info,
         output=kind,
-        output_source=source,
+        output_source=output_source,
     )
 
 
@@ -231,41 +264,57 @@ def detect_output(net: nn.Module, size: int, arch: str) -> str:
                       ) from e
 
 
+def _made(ref: ModelRef, meta: dict[str, str], where: str, *, on_meta: bool
+          ) -> tuple[nn.Module, str, dict[str, Any], SourceEntry, SourceInfo]:
+    """The architecture the spec, metadata or config.json name, built with random weights."""
+    config = folder_config(meta, where)
+    arch, kwargs = resolve_arch(ref, meta, where, config)
+    entry, build = _build_spec(arch, kwargs, config, where)
+    if on_meta:
+        with torch.device("meta"):
+            net = entry.build(build)
+    else:
+        net = entry.build(build)
+    return net, arch, kwargs, entry, entry.describe(net, build)
+
+
 def random_model(arch: str, kwargs: dict[str, Any], native_size: int = 32) -> LoadedModel:
     """An architecture with random weights: enough to list stitch points and shapes."""
-    check_arch_name(arch, "arch")
-    net = _create(arch, kwargs, "arch")
     ref = ModelRef(checkpoint="-", arch=arch, arch_kwargs=kwargs)
-    return _loaded(net, arch, kwargs, "", _choice(ref, {}, net, native_size, "arch"))
+    net, arch, kwargs, entry, info = _made(ref, {}, "arch", on_meta=False)
+    return _loaded(net, arch, kwargs, "", _choice(ref, {}, info, native_size, "arch"),
+                   entry.name, info)
 
 
 def build_model(
     ref: ModelRef, path: Path, checkpoint_id: str, *, where: str, native_size: int
 ) -> LoadedModel:
-    """Create the timm model, load the checkpoint strictly, freeze it in eval mode."""
+    """Build the architecture with its source, load the checkpoint strictly, freeze it."""
     meta = read_metadata(path)
-    arch, kwargs = resolve_arch(ref, meta, where)
-    net = _create(arch, kwargs, where)
-    sd = _strip_wrapper_prefix(_read(path, where, shapes_only=False))
-    _check_fit(net, {k: tuple(v.shape) for k, v in sd.items()}, arch, kwargs, where)
-    net.load_state_dict(sd, strict=True)
-    choice = _choice(ref, meta, net, native_size, where)
-    return _loaded(net, arch, kwargs, checkpoint_id or path.name, choice,
+    net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=False)
+    shapes = _strip_wrapper_prefix(_read(path, where, shapes_only=True))
+    layout = _check_fit(net, shapes, arch, kwargs, where, meta, entry)
+    if layout and entry.load is not None:
+        entry.load(net, path, layout)
+    else:
+        net.load_state_dict(_strip_wrapper_prefix(_read(path, where, shapes_only=False)),
+                            strict=True)
+    choice = _choice(ref, meta, info, native_size, where)
+    return _loaded(net, arch, kwargs, checkpoint_id or path.name, choice, entry.name, info,
                    given_output(ref, meta, where))
 
 
 def meta_model(ref: ModelRef, path: Path, *, where: str, native_size: int) -> LoadedModel:
     """The model as build_model would make it, on the meta device: every check that needs no
-    weight values (architecture, kwargs, checkpoint keys and shapes from the file's header,
-    preprocessing, input size) at the cost of reading a header. Parameters take no memory."""
+    weight values (architecture, kwargs, config.json, checkpoint keys and shapes from the
+    file's header, preprocessing, input size) at the cost of reading a header. Parameters
+    take no memory."""
     meta = read_metadata(path)
-    arch, kwargs = resolve_arch(ref, meta, where)
-    with torch.device("meta"):
-        net = _create(arch, kwargs, where)
+    net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=True)
     _check_fit(net, _strip_wrapper_prefix(_read(path, where, shapes_only=True)), arch, kwargs,
-               where)
-    return _loaded(net, arch, kwargs, path.name, _choice(ref, meta, net, native_size, where),
-                   given_output(ref, meta, where))
+               where, meta, entry)
+    return _loaded(net, arch, kwargs, path.name, _choice(ref, meta, info, native_size, where),
+                   entry.name, info, given_output(ref, meta, where))
 
 
 def save_checkpoint(net: nn.Module, path: Path, arch: str, arch_kwargs: dict[str, Any],

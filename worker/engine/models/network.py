@@ -136,11 +136,15 @@ class Network:
         return self.traces[name].alias_of or name
 
     def stage_points(self) -> list[str]:
-        """Stage outputs from timm's feature_info, else evenly spaced module outputs."""
+        """Stage outputs as the model's source lists them (timm's feature_info, torchvision's
+        and transformers' stage modules), else evenly spaced module outputs."""
         info = getattr(self.net, "feature_info", None)
         points = self.points
         names: list[str] = []
-        if info is not None:
+        listed = self.model.info.stages
+        if listed:
+            names = [m for m in listed if m in self._index and m not in self.unstitchable]
+        elif info is not None:
             modules = (
                 info.module_name() if hasattr(info, "module_name") else [f["module"] for f in info]
             )
@@ -206,6 +210,8 @@ class Network:
         )
 
     def _patch_grid(self) -> tuple[int, int] | None:
+        if self.model.info.patch_grid is not None:
+            return self.model.info.patch_grid
         grid = getattr(getattr(self.net, "patch_embed", None), "grid_size", None)
         return (int(grid[0]), int(grid[1])) if grid is not None else None
 

@@ -9,6 +9,7 @@ uploaded with only its architecture, then gets its true accuracy instead of chan
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from stitchsim.failure import Failure
 from stitchsim.models import ModelRef, PreprocessCandidate, PreprocessInfo, PreprocessSource
+from stitchsim_worker.engine.models.normstats import decisive, first_norm, stats_distance
+from stitchsim_worker.engine.models.sources import SourceInfo
 from torch import nn
 
 Triple = tuple[float, float, float]
@@ -56,11 +59,17 @@ class Choice:
     pending: tuple[tuple[str, Triple, Triple], ...] = ()
 
 
-def candidates(net: nn.Module) -> list[tuple[str, Triple, Triple]]:
-    """timm's pretrained config first (the usual convention), then plain pixels, then 0.5/0.5."""
-    cfg = timm.data.resolve_data_config({}, model=net)
+def candidates(source: SourceInfo | nn.Module) -> list[tuple[str, Triple, Triple]]:
+    """The architecture's convention first (timm's pretrained config, torchvision's weights'
+    transforms ...), then plain pixels, then 0.5/0.5. A bare module is a timm model."""
+    if isinstance(source, nn.Module):
+        cfg = timm.data.resolve_data_config({}, model=source)
+        convention: tuple[str, Triple, Triple] | None = (
+            "timm", _triple(cfg["mean"]), _triple(cfg["std"]))
+    else:
+        convention = source.convention
     named = [
-        ("timm", _triple(cfg["mean"]), _triple(cfg["std"])),
+        *([convention] if convention is not None else []),
         ("none", (0.0, 0.0, 0.0), (1.0, 1.0, 1.0)),
         ("inception", (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
     ]
@@ -99,8 +108,11 @@ def _check_triple(values: Any, what: str, where: str) -> Triple:
     return out
 
 
-def _by_name(name: str, net: nn.Module, where: str, origin: str) -> tuple[Triple, Triple]:
-    for n, mean, std in candidates(net):
+def _by_name(name: str, info: SourceInfo, where: str, origin: str) -> tuple[Triple, Triple]:
+    options = candidates(info)
+    if name == "timm" and info.convention is not None:  # "the architecture's own config"
+        return options[0][1], options[0][2]
+    for n, mean, std in options:
         if n == name:
             return mean, std
     if name == "inception":  # deduplicated away: the architecture's config is 0.5/0.5 already
@@ -111,8 +123,8 @@ def _by_name(name: str, net: nn.Module, where: str, origin: str) -> tuple[Triple
     )
 
 
-def _name_of(mean: Triple, std: Triple, net: nn.Module) -> str:
-    return next((n for n, m, s in candidates(net) if (m, s) == (mean, std)), "custom")
+def _name_of(mean: Triple, std: Triple, info: SourceInfo) -> str:
+    return next((n for n, m, s in candidates(info) if (m, s) == (mean, std)), "custom")
 
 
 def input_size(
@@ -136,9 +148,10 @@ def input_size(
 
 
 def choose(
-    ref: ModelRef, meta: dict[str, str], net: nn.Module, size: int, where: str
+    ref: ModelRef, meta: dict[str, str], net: SourceInfo, size: int, where: str
 ) -> Choice:
-    """What the spec or metadata say; else a provisional choice marked for measurement."""
+    """What the spec, the metadata or the model's own config say; else a provisional choice
+    marked for measurement."""
 
     def done(mean: Triple, std: Triple, source: PreprocessSource, note: str) -> Choice:
         info = PreprocessInfo(name=_name_of(mean, std, net), input_size=size, mean=mean,
@@ -163,6 +176,11 @@ def choose(
         std = _check_triple(meta_std, "std", where) if meta_std is not None else std0
         keys = [k for k in ("preprocess", "mean", "std") if k in meta]
         return done(mean, std, "metadata", f"from the checkpoint's metadata ({', '.join(keys)})")
+    own = net.own
+    if own is not None and own.mean is not None and own.std is not None:
+        # The source's own config (an HF image processor, a timm hub pretrained_cfg) says
+        # what the model was trained with: no measurement can know better.
+        return done(own.mean, own.std, "config", f"from the checkpoint's own {own.origin}")
     options = tuple(candidates(net))
     name, mean, std = options[0]
     info = PreprocessInfo(name=name, input_size=size, mean=mean, std=std, source="default",
@@ -182,32 +200,86 @@ def _accuracy(
     return right / max(1, len(labels))
 
 
+def _separated(scored: list[PreprocessCandidate], n: int) -> PreprocessCandidate | None:
+    """The best-predicting candidate when accuracy tells it apart from the others: ahead of
+    the runner-up by more than a tie and twice the binomial noise of n samples."""
+    ranked = sorted(scored, key=lambda c: -(c.accuracy or 0.0))
+    best, second = ranked[0], ranked[1] if len(ranked) > 1 else None
+    if second is None:
+        return best
+    p = best.accuracy or 0.0
+    noise = 2 * math.sqrt(n * p * (1 - p))
+    if ((best.accuracy or 0.0) - (second.accuracy or 0.0)) * n > _TIE + noise:
+        return best
+    return None
+
+
+def _by_stats(
+    scored: list[PreprocessCandidate], net: nn.Module, images: torch.Tensor, size: int,
+    device: torch.device,
+) -> tuple[list[PreprocessCandidate], PreprocessCandidate | None]:
+    """Each candidate's distance to the first normalisation layer's running statistics, and
+    the clearly closest one (None: no such layer, or none stands out)."""
+    norm = first_norm(net)
+    if norm is None:
+        return scored, None
+    batch = images[:_MEASURE_BATCH].to(device)
+    distances = [stats_distance(net, norm, Preprocess(size, c.mean, c.std)(batch))
+                 for c in scored]
+    scored = [c.model_copy(update={"stats_distance": d}) for c, d in zip(scored, distances,
+                                                                           strict=True)]
+    k = decisive(distances)
+    return scored, (scored[k] if k is not None else None)
+
+
 def measure(
-    choice: Choice, net: nn.Module, images: torch.Tensor, labels: torch.Tensor,
+    choice: Choice, net: nn.Module, images: torch.Tensor, labels: torch.Tensor | None,
     device: torch.device,
 ) -> Choice:
-    """Score every pending candidate on labelled samples; keep the best-predicting one."""
+    """Score every pending candidate: by accuracy on labelled samples where that tells them
+    apart; else by how well each matches the first normalisation layer's running statistics;
+    else the choice is undetermined, and says so."""
     if not choice.pending:
         return choice
-    n = min(MEASURE_SAMPLES, len(labels))
-    images, labels = images[:n], labels[:n]
+    n = min(MEASURE_SAMPLES, len(images))
+    images = images[:n]
+    labelled = labels is not None and bool((labels[:n] >= 0).all()) and n > 0
     size = choice.preprocess.input_size
     scored = [
-        PreprocessCandidate(name=name, mean=mean, std=std,
-                            accuracy=_accuracy(net, Preprocess(size, mean, std), images, labels,
-                                               device))
+        PreprocessCandidate(
+            name=name, mean=mean, std=std,
+            accuracy=(_accuracy(net, Preprocess(size, mean, std), images, labels[:n], device)
+                      if labelled and labels is not None else None))
         for name, mean, std in choice.pending
     ]
-    best = scored[0]
-    for c in scored[1:]:
-        if (c.accuracy - best.accuracy) * n > _TIE:
-            best = c
-    ranking = ", ".join(f"{c.name} {c.accuracy:.3f}" for c in scored)
-    note = (f"measured: no preprocessing in the spec or the checkpoint's metadata, so each "
-            f"candidate was scored on {n} labelled training samples ({ranking}); "
-            f"{best.name} predicts best")
+    best = _separated(scored, n) if labelled else None
+    how = "predicts best"
+    if best is None:
+        scored, best = _by_stats(scored, net, images, size, device)
+        how = "matches the first normalisation layer's running statistics best"
+    ranking = ", ".join(_ranked(c) for c in scored)
+    samples = f"{n} {'labelled ' if labelled else ''}training samples"
+    if best is None:
+        first = scored[0]
+        note = (f"UNDETERMINED: no preprocessing in the spec, the checkpoint's metadata or its "
+                f"config, and measuring on {samples} did not tell the candidates apart "
+                f"({ranking}); {first.name} was used, the architecture's convention, and every "
+                "figure rests on that guess: set preprocess or mean/std in the spec")
+        info = choice.info.model_copy(update={"source": "undetermined", "note": note,
+                                              "candidates": scored, "samples": n})
+        return Choice(Preprocess(size, first.mean, first.std), info)
+    note = (f"measured: no preprocessing in the spec, the checkpoint's metadata or its "
+            f"config, so each candidate was scored on {samples} ({ranking}); {best.name} "
+            f"{how}")
     info = choice.info.model_copy(update={
         "name": best.name, "mean": best.mean, "std": best.std, "source": "measured",
         "note": note, "candidates": scored, "samples": n,
     })
     return Choice(Preprocess(size, best.mean, best.std), info)
+
+
+def _ranked(c: PreprocessCandidate) -> str:
+    parts = [f"accuracy {c.accuracy:.3f}"] if c.accuracy is not None else []
+    if c.stats_distance is not None:
+        parts.append(f"stats distance {c.stats_distance:.3g}")
+    return f"{c.name} {', '.join(parts) or 'not scored'}"
