@@ -145,17 +145,21 @@ class UnstitchedRow(BaseModel):
     with the end model far above it took more than the front model's own function."""
 
     direction: Direction
+    output: OutputKind = Field(default="logits", description="the end model's output kind: "
+                               "what agreement and hard_agreement measure")
     agreement: float
     agreement_ci: tuple[float, float] = Field(description="95% bootstrap interval over samples")
     hard_agreement: float
     hard_agreement_ci: tuple[float, float]
-    correct_agreement: float
-    correct_agreement_ci: tuple[float, float]
-    error_consistency: float
-    error_consistency_ci: tuple[float, float]
-    soft_kappa: float
-    soft_kappa_ci: tuple[float, float]
-    accuracy: float = Field(description="the front-position model's accuracy")
+    # Figures of classes: null for an output kind without them (an embedding, an image).
+    correct_agreement: float | None = None
+    correct_agreement_ci: tuple[float, float] | None = None
+    error_consistency: float | None = None
+    error_consistency_ci: tuple[float, float] | None = None
+    soft_kappa: float | None = None
+    soft_kappa_ci: tuple[float, float] | None = None
+    accuracy: float | None = Field(default=None,
+                                   description="the front-position model's accuracy")
     samples: int
 
 

@@ -3,15 +3,15 @@
 Every plot of the invariance-aware paper ends in it (its "Front" point: the stitched network
 with the whole front model in it, set against the end model); a stitch that agrees with the
 end model far above it took more than the front model's own function. Same test split, same
-figures and intervals as the rows (metrics.evaluate), once per direction: the model in front
-position is h, the model the stitched network ends in is g.
+figures and intervals as the rows (the end model's output kind scores them), once per
+direction: the model in front position is h, the model the stitched network ends in is g.
 """
 
 from __future__ import annotations
 
 from stitchsim.models import UnstitchedRow
 from stitchsim_worker.engine.job.context import JobContext
-from stitchsim_worker.engine.measures.metrics import evaluate
+from stitchsim_worker.engine.measures.outputs import OUTPUTS
 
 
 def unstitched_rows(ctx: JobContext) -> list[UnstitchedRow]:
@@ -26,12 +26,12 @@ def unstitched_rows(ctx: JobContext) -> list[UnstitchedRow]:
         h_logits, g_logits = ctx.test_logits[f.where].all(), ctx.test_logits[g.where].all()
         if h_logits.shape != g_logits.shape:
             return []
-        ev = evaluate(h_logits, g_logits, labels, seed=seed)
-        figures = {name: getattr(ev.figures, name) for name in (
+        scored = OUTPUTS[g.output].score(h_logits, g_logits, labels, seed)
+        figures = {name: scored.values.get(name) for name in (
             "agreement", "hard_agreement", "correct_agreement", "error_consistency",
             "soft_kappa")}
         rows.append(UnstitchedRow(
-            direction=direction, accuracy=ev.figures.accuracy, samples=len(labels),
-            **figures, **{f"{k}_ci": ev.ci[k] for k in figures},
+            direction=direction, output=g.output, accuracy=scored.values.get("accuracy"),
+            samples=len(h_logits), **figures, **{f"{k}_ci": scored.ci.get(k) for k in figures},
         ))
     return rows
