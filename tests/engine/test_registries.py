@@ -39,6 +39,8 @@ WITHOUT_ENGINE_REGISTRY = {
     catalogue.OUTPUT_KINDS.kind: "logits are the one output kind the metrics read (issue 28)",
     catalogue.DATASET_FORMATS.kind: "safetensors is the one format data.datasets reads "
                                     "(issue 29 brings the readers' registry)",
+    catalogue.CAVEATS.kind: "caveats are read off a report's own figures by "
+                            "stitchsim.caveats (the engine records what it finds)",
 }
 
 

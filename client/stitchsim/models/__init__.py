@@ -6,11 +6,13 @@ come from the catalogue (stitchsim.catalogue) through vocabulary.py.
 """
 
 from stitchsim.models.report import (
+    Caveat,
     DropRow,
     ExcessRow,
     IRIStats,
     MeasureRow,
     MeasureSummaryRow,
+    MethodRecord,
     ModelSummary,
     PreprocessCandidate,
     PreprocessInfo,
@@ -51,6 +53,7 @@ from stitchsim.models.vocabulary import (
     DIRECTIONS,
     JOB_STATES,
     TERMINAL_STATES,
+    CaveatCode,
     Control,
     Cue,
     Direction,
@@ -74,6 +77,7 @@ __all__ = [
     "Control",
     "Measure",
     "MeasureInput",
+    "CaveatCode",
     "Cue",
     "JobState",
     "Verdict",
@@ -107,6 +111,8 @@ __all__ = [
     "MeasureSummaryRow",
     "Summary",
     "Report",
+    "MethodRecord",
+    "Caveat",
     "Progress",
     "ErrorInfo",
     "ErrorBody",

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import timm
 import torch
+from stitchsim.caveats import find_caveats
 from stitchsim.models import (
     Direction,
     ModelSummary,
@@ -34,6 +35,7 @@ from stitchsim_worker.engine.measures.summary import (
     verdict_caveats,
     withheld,
 )
+from stitchsim_worker.engine.method import method_record
 from stitchsim_worker.engine.models.network import Network
 from stitchsim_worker.engine.protocols.controls import CONTROLS, controls_to_run
 from stitchsim_worker.engine.resources import CancelFn, ProgressFn, Resources
@@ -144,7 +146,7 @@ def _report(ran: Ran) -> Report:
     dataset = prep.data.describe()
     summary: Summary = summarise(spec, results, ran.controls, measured.rows)
     reason = withheld(spec, front, back)
-    return Report(
+    report = Report(
         job_id=ran.job_id,
         spec=spec,
         front=front,
@@ -161,7 +163,9 @@ def _report(ran: Ran) -> Report:
         warnings=ctx.warnings,
         notes=_notes(spec, prep),
         environment=_environment(ran.device, ran.tracker, spec.train.seed, ran.seconds),
+        method=method_record(spec),
     )
+    return report.model_copy(update={"caveats": find_caveats(report)})
 
 
 def _notes(spec: Spec, prep: Prepared) -> list[str]:
