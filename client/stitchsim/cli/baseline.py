@@ -110,7 +110,10 @@ def recompute(client: Client, baseline: Baseline, fields: dict[str, Any],
     """The baseline's two models compared again under this check's settings."""
     old = baseline.report
     log.info("recomputing baseline %s under this check's settings", baseline.source)
-    job = client.compare(old.front.checkpoint, old.back.checkpoint, spec=fields)
+    # The reference from its file where it is the same: uploaded again if it was deleted.
+    front = args.reference if reference_id(args.reference) == old.front.checkpoint else (
+        old.front.checkpoint)
+    job = client.compare(front, old.back.checkpoint, spec=fields)
     report = wait_for(job, args, settings, cancel=not args.keep_running)
     log.info("recomputed baseline: job %s (pass --baseline %s to reuse it)", job.id, job.id)
     return Baseline(report, f"job {job.id} (recomputed from {baseline.source})")

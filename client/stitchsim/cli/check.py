@@ -128,6 +128,9 @@ def _print_outcome(report: Report, outcome: Outcome, out: TextIO) -> None:
     print(f"{outcome.status.upper()}: similarity {s.similarity:.4f}{versus} "
           f"({s.similarity_protocol.replace('_', '-')} protocol, minimum over directions)",
           file=out)
+    if outcome.baseline_similarity is not None:
+        print(f"  baseline: similarity {outcome.baseline_similarity:.4f}, "
+              f"{outcome.baseline_source}", file=out)
     for gate in outcome.gates:
         if gate is not threshold:
             print(f"  {gate.status}: {gate.name}: {gate.message}", file=out)
