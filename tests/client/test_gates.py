@@ -227,4 +227,4 @@ def test_check_refuses_a_baseline_of_another_method_before_running_and_recompute
     submitted = [json.loads(c.body) for c in fake.calls("POST", "/similarity")]
     assert [s["back"]["checkpoint"] for s in submitted] == [OLD, file_sha256(files[1])]
     assert all("iri" not in s for s in submitted)  # the check's settings: the defaults
-    assert "(recomputed from file base.json)" in capsys.readouterr().out
+    assert f"(recomputed from file {base})" in capsys.readouterr().out
