@@ -44,6 +44,11 @@ class Job:
         state = self.last_status.state if self.last_status else "?"
         return f"Job({self.id!r}, state={state!r})"
 
+    def _repr_html_(self) -> str:
+        from stitchsim.frames import status_html
+
+        return status_html(self.id, self.last_status)
+
     def status(self) -> JobStatus:
         return self._take(self.client.http.request("GET", f"/jobs/{self.id}"))
 
