@@ -135,7 +135,8 @@ def self_baseline(client: Client, reference: str, fields: dict[str, Any],
                      status.id)
             return Baseline(client.job(status.id).report(), f"self (job {status.id})")
     log.info("baseline self: comparing the reference with itself")
-    job = client.compare(reference, reference, spec=fields)
+    # From its file where given: uploaded first if the service does not hold it yet.
+    job = client.compare(args.reference, args.reference, spec=fields)
     report = wait_for(job, args, settings, cancel=not args.keep_running)
     return Baseline(report, f"self (job {job.id})")
 
