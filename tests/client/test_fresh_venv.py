@@ -139,6 +139,16 @@ def fresh_venv(root: Path, lend: tuple[str, ...]) -> Path:
         origin = Path(spec.origin)
         source = origin.parent if origin.name == "__init__.py" else origin
         (lent / source.name).symlink_to(source)
+    # setuptools finds its commands (dist_info ...) by its distribution's entry points.
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    for name in lend:
+        try:
+            info = Path(str(distribution(name)._path))  # type: ignore[attr-defined]
+        except PackageNotFoundError:
+            continue
+        if info.is_dir() and not (lent / info.name).exists():
+            (lent / info.name).symlink_to(info)
     [site] = (root / "lib").glob("python3*/site-packages")
     (site / "lent.pth").write_text(str(lent) + "\n")
     return root / "bin" / "python"
