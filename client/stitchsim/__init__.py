@@ -22,7 +22,8 @@ _EXPORTS: dict[str, str] = {
     ),
     **dict.fromkeys(("JobStatus", "Report", "Spec", "StoredObject"), "stitchsim.models"),
     "Failure": "stitchsim.failure",
-    **dict.fromkeys(("Client", "Job", "file_sha256"), "stitchsim.sdk"),
+    **dict.fromkeys(("AsyncClient", "AsyncJob", "Client", "Job", "file_sha256"),
+                    "stitchsim.sdk"),
     **dict.fromkeys(("PackOptions", "PackSummary", "pack_dataset"), "stitchsim.packing"),
 }
 

@@ -201,6 +201,12 @@ class IRIMethodEntry(Entry):
         return dict(self.preset)
 
 
+@dataclass(frozen=True)
+class CaveatEntry(Entry):
+    gate: bool = True
+    """`stitchsim check --fail-on-caveat` fails on it (else it is reported only)."""
+
+
 E = TypeVar("E", bound=Entry)
 
 
@@ -517,9 +523,22 @@ DATASET_FORMATS: Kind[DatasetFormatEntry] = Kind("dataset format", (
         suffixes=(".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tar.xz"), needs=_IMAGE_PACKAGES),
 ))
 
+CAVEATS: Kind[CaveatEntry] = Kind("caveat", (
+    CaveatEntry(
+        "iri_unconverged", "unconverged IRIs", "the similarity figure's protocol trained on "
+        "IRIs whose median distance stayed above iri.converged_below at a stitch point: the "
+        "front model can still tell them from real inputs (raise iri.steps or iri.step_size)"),
+    CaveatEntry(
+        "near_chance", "model at chance", "a model's accuracy on the dataset cannot be told "
+        "from guessing, so agreement with it means nothing (check the dataset, arch_kwargs "
+        "and preprocessing)"),
+))
+"""What weakens a report's figures, as machine-readable codes beside the prose
+(`Report.caveats`); found from the report's own figures by stitchsim.caveats."""
+
 KINDS: tuple[Kind[Entry], ...] = (  # type: ignore[assignment]
     OBJECTIVES, PROTOCOLS, CONTROLS, CUES, ATTACKS, MEASURES, ROW_FIGURES, MEASURE_INPUTS,
-    MODEL_SOURCES, OUTPUT_KINDS, DATASET_FORMATS, IRI_METHODS,
+    MODEL_SOURCES, OUTPUT_KINDS, DATASET_FORMATS, IRI_METHODS, CAVEATS,
 )
 """Every kind of name, for the tests that hold each against its engine registry and render
 every entry."""

@@ -15,6 +15,7 @@ import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 
 from stitchsim import view
+from stitchsim.gates import Outcome
 from stitchsim.models import Report
 from stitchsim.view import ComparedFigure, compared_figures
 
@@ -22,8 +23,12 @@ __all__ = ["compared_figures", "error_to_junit", "report_to_junit"]
 
 
 def report_to_junit(
-    report: Report, *, suite: str = "stitchsim", time_s: float | None = None
+    report: Report, *, suite: str = "stitchsim", time_s: float | None = None,
+    outcome: Outcome | None = None,
 ) -> str:
+    """`outcome`: the check's gates beyond the threshold (baseline, points, warn band,
+    caveats), each a test case; a warning passes, with WARN in its output and the suite's
+    `status` property."""
     threshold = report.summary.threshold
     figures = compared_figures(report)
     suite_el, cases = _suite(suite, report, time_s)
@@ -60,6 +65,9 @@ def report_to_junit(
     # Never let the file pass while the service's verdict (and so the exit code) says fail.
     tests = len(figures)
     errors = 0
+    if outcome is not None:
+        tests, failures = tests + _gate_cases(cases, outcome), failures + sum(
+            g.status == "fail" for g in outcome.gates if g.name != "threshold")
     if view.no_verdict_despite_threshold(report):
         tests += 1
         errors += 1
@@ -80,6 +88,26 @@ def report_to_junit(
         )
     _finish(suite_el, tests=tests, failures=failures, errors=errors)
     return _serialise(suite_el)
+
+
+def _gate_cases(cases: ET.Element, outcome: Outcome) -> int:
+    """One test case per gate but the threshold (the figures above are its cases)."""
+    props = cases.find("properties")
+    if props is not None:
+        ET.SubElement(props, "property", name="status", value=outcome.status)
+        if outcome.baseline_similarity is not None:
+            ET.SubElement(props, "property", name="baseline_similarity",
+                          value=f"{outcome.baseline_similarity:.4f}")
+    gates = [g for g in outcome.gates if g.name != "threshold"]
+    for gate in gates:
+        case = ET.SubElement(cases, "testcase", classname="stitchsim.gates", name=gate.name,
+                             time="0")
+        if gate.status == "fail":
+            ET.SubElement(case, "failure", type="GateFailed", message=gate.message
+                          ).text = gate.message
+        word = {"pass": "PASS", "warn": "WARN", "fail": "FAIL"}[gate.status]
+        ET.SubElement(case, "system-out").text = f"{word}: {gate.message}\n"
+    return len(gates)
 
 
 def error_to_junit(

@@ -113,3 +113,101 @@ def test_fresh_venv_runs_the_client_without_torch(tmp_path: Path, live_service: 
     assert packed.returncode == 2, packed.stderr
     assert "pip install 'stitchsim[data]'" in packed.stderr and "Traceback" not in packed.stderr
     assert not (tmp_path / "pets.safetensors").exists()
+
+
+# ------------------------------------------------------------------ installs from anywhere
+
+# The client's dependencies, by import name, lent from this environment to a fresh venv (a
+# .pth file naming a folder of links to them): the installs below then need no index at all.
+LENT = ("httpx", "httpcore", "h11", "anyio", "sniffio", "idna", "certifi", "pydantic",
+        "pydantic_core", "typing_extensions", "annotated_types", "typing_inspection")
+# Building from source without isolation needs the build backend in the target environment.
+BACKEND = ("setuptools", "_distutils_hack")
+
+
+def fresh_venv(root: Path, lend: tuple[str, ...]) -> Path:
+    """A venv without pip whose site sees only the named modules of this environment."""
+    import importlib.util
+
+    venv.EnvBuilder(with_pip=False).create(root)
+    lent = root / "lent"
+    lent.mkdir()
+    for name in lend:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            continue  # not installed here, so not needed by this stack (sniffio on new anyio)
+        origin = Path(spec.origin)
+        source = origin.parent if origin.name == "__init__.py" else origin
+        (lent / source.name).symlink_to(source)
+    # setuptools finds its commands (dist_info ...) by its distribution's entry points.
+    from importlib.metadata import PackageNotFoundError, distribution
+
+    for name in lend:
+        try:
+            info = Path(str(distribution(name)._path))  # type: ignore[attr-defined]
+        except PackageNotFoundError:
+            continue
+        if info.is_dir() and not (lent / info.name).exists():
+            (lent / info.name).symlink_to(info)
+    [site] = (root / "lib").glob("python3*/site-packages")
+    (site / "lent.pth").write_text(str(lent) + "\n")
+    return root / "bin" / "python"
+
+
+def probe_installed(python: Path, env_dir: Path, live_service: Any) -> None:
+    probe = run(python, "-c",
+                "import stitchsim, stitchsim.gates, stitchsim.markdown\n"
+                "from stitchsim import AsyncClient, Client\n"
+                "print(stitchsim.__file__)")
+    assert probe.returncode == 0, probe.stderr
+    assert probe.stdout.strip().startswith(str(env_dir))  # the installed copy
+    cli = env_dir / "bin" / "stitchsim"
+    assert run(cli, "--version").stdout.strip() == "stitchsim 0.1.0"
+    key = ["--api-key", live_service.api_key] if live_service.api_key else []
+    jobs = run(cli, "jobs", "--json", "--url", live_service.url, *key)
+    assert jobs.returncode == 0, jobs.stderr
+    assert "items" in json.loads(jobs.stdout)
+    assert run(python, "-c", "import torch").returncode != 0
+
+
+def test_the_client_installs_from_a_git_url_subdirectory(tmp_path: Path,
+                                                         live_service: Any) -> None:
+    """`pip install git+URL#subdirectory=client`, as a CI job of another repository does."""
+    clone = tmp_path / "repo"
+    # Not shallow: pip clones it again with a filter, which a shallow source never answers.
+    cloned = subprocess.run(["git", "clone", "-q", "--single-branch", f"file://{REPO}", str(clone)],
+                            capture_output=True, text=True, timeout=120)
+    assert cloned.returncode == 0, cloned.stderr
+    env_dir = tmp_path / "fresh"
+    python = fresh_venv(env_dir, LENT + BACKEND)
+    installed = pip("install", "--no-deps", "--no-index", "--no-build-isolation",
+                    f"stitchsim @ git+file://{clone}#subdirectory=client", python=python)
+    assert installed.returncode == 0, installed.stderr
+    probe_installed(python, env_dir, live_service)
+
+
+def test_the_client_builds_as_a_wheel_that_installs_alone(tmp_path: Path,
+                                                           live_service: Any) -> None:
+    """`python -m build client`, then the wheel alone in a fresh venv (its dependencies lent,
+    no build backend there)."""
+    import shutil
+
+    source = tmp_path / "client"
+    shutil.copytree(REPO / "client", source, ignore=shutil.ignore_patterns(
+        "build", "dist", "*.egg-info", "__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation",
+                            "--outdir", str(tmp_path / "dist"), str(source)],
+                           capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stdout + built.stderr
+    [wheel] = (tmp_path / "dist").glob("stitchsim-0.1.0-py3-none-any.whl")
+    env_dir = tmp_path / "fresh"
+    python = fresh_venv(env_dir, LENT)
+    installed = pip("install", "--no-deps", "--no-index", str(wheel), python=python)
+    assert installed.returncode == 0, installed.stderr
+    probe_installed(python, env_dir, live_service)
+    # The extras are declared for pip to resolve where an index is reachable.
+    import zipfile
+
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read("stitchsim-0.1.0.dist-info/METADATA").decode()
+    assert 'Provides-Extra: pandas' in meta and 'Provides-Extra: data' in meta

@@ -46,6 +46,8 @@ WITHOUT_ENGINE_REGISTRY = {
                                    "feeds every measure; nothing to register",
     catalogue.DATASET_FORMATS.kind: "safetensors is the one format data.datasets reads "
                                     "(issue 29 brings the readers' registry)",
+    catalogue.CAVEATS.kind: "caveats are read off a report's own figures by "
+                            "stitchsim.caveats (the engine records what it finds)",
 }
 
 

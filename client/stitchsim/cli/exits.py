@@ -1,10 +1,16 @@
 """Exit codes (stable, for CI), and which one an error ends the command with.
 
-    0  check passed (similarity >= threshold); other commands: success
-    1  check ran and the similarity is below the threshold
-    2  usage, configuration or spec error (fix the command, the files or the spec)
+    0  check passed: every gate holds (similarity >= threshold, drops within the limits,
+       per-point limits, no caveat with --fail-on-caveat); other commands: success
+    1  check ran and a gate failed: the similarity is below the threshold, or dropped more
+       than --max-drop / --max-relative-drop below the baseline, a stitch point broke
+       --min-point-agreement / --max-drop-per-point, or a caveat with --fail-on-caveat
+    2  usage, configuration or spec error (fix the command, the files or the spec), a report
+       with no verdict although a threshold was given (a model at chance), or a baseline that
+       does not compare (another reference, dataset or method: --recompute-baseline)
     3  service or infrastructure error, including the service being unreachable (retry later)
     4  timed out waiting for the job
+    5  check ran, no gate failed, but the similarity is below --warn-below (the warn band)
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ EXIT_BELOW_THRESHOLD = 1
 EXIT_USAGE = 2
 EXIT_SERVICE = 3
 EXIT_TIMEOUT = 4
+EXIT_WARN = 5
 EXIT_INTERRUPTED = 130
 
 log = logging.getLogger("stitchsim")

@@ -21,6 +21,31 @@ def _escaped(text: str) -> str:
     return text.replace("%", "%%")  # argparse formats help with %
 
 
+def _gate_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "gates (MLflow-style; exit 1 when one fails, 5 in the warn band)")
+    g.add_argument(
+        "--baseline", metavar="FILE|JOB_ID|self",
+        help="the report to compare with: a report JSON file, a job id, or 'self' (the "
+        "reference compared with itself, reused from an earlier job by its hash). Refused "
+        "when made of another reference or dataset, or under other settings")
+    g.add_argument("--recompute-baseline", action="store_true",
+                   help="redo a baseline made under other settings under this check's")
+    g.add_argument("--max-drop", type=float, metavar="X",
+                   help="fail when the similarity is more than X below the baseline's")
+    g.add_argument("--max-relative-drop", type=float, metavar="F",
+                   help="fail when it falls by more than the fraction F of the baseline's")
+    g.add_argument("--max-drop-per-point", type=float, metavar="X",
+                   help="fail when a stitch point's agreement is more than X below the "
+                   "baseline's at that point")
+    g.add_argument("--min-point-agreement", type=float, metavar="X",
+                   help="fail when a stitch point's agreement is below X")
+    g.add_argument("--warn-below", type=float, metavar="X",
+                   help="warn (exit 5) when the similarity is below X but no gate fails")
+    g.add_argument("--fail-on-caveat", action="store_true",
+                   help="fail on any caveat: unconverged IRIs, a model at chance")
+
+
 def build_parser() -> argparse.ArgumentParser:
     # SUPPRESS: an option left out on `jobs list` must not erase one given on `jobs`.
     common = argparse.ArgumentParser(add_help=False, argument_default=argparse.SUPPRESS)
@@ -85,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stitchsim",
         description="Functional similarity of neural networks, from a stitchsim service.",
-        epilog="Exit codes: 0 pass/ok, 1 below threshold, 2 usage or spec error, "
-        "3 service error (retry later), 4 timeout.",
+        epilog="Exit codes: 0 pass/ok, 1 below threshold or a gate failed, 2 usage or spec "
+        "error (or a baseline that does not compare), 3 service error (retry later), "
+        "4 timeout, 5 warn band (check passed but below --warn-below).",
     )
     parser.add_argument("--version", action="version", version=f"stitchsim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -105,6 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("candidate", help="safetensors file, model folder (save_pretrained or timm "
                    "hub layout) or sha256: id")
     p.add_argument("--junit-xml", metavar="FILE", help="write a JUnit XML report here")
+    p.add_argument("--markdown", metavar="FILE",
+                   help="write the outcome as Markdown here (a CI summary or PR comment)")
+    _gate_arguments(p)
     p.add_argument(
         "--keep-running",
         action="store_true",

@@ -12,6 +12,7 @@ from stitchsim.models.spec import (
 )
 from stitchsim.models.vocabulary import (
     Attack,
+    CaveatCode,
     Control,
     Cue,
     Direction,
@@ -320,6 +321,25 @@ class Summary(BaseModel):
     )
 
 
+class MethodRecord(BaseModel):
+    """How the figures were made: what must be equal for two reports' figures to compare
+    (a CI baseline and a new run)."""
+
+    engine: str = Field(description="the engine's method version: bumped by any change of the "
+                        "engine that moves figures (stitchsim_worker.engine.method)")
+    settings: dict[str, Any] = Field(
+        default={}, description="every spec setting that moves the similarity figure, by "
+        "dotted path (iri.steps, train.epochs, protocols ...): stitchsim.method")
+
+
+class Caveat(BaseModel):
+    """One thing that weakens the figures, by code (catalogue.CAVEATS), beside its prose."""
+
+    code: CaveatCode
+    where: str = Field(default="", description="the model side or stitch point it concerns")
+    message: str
+
+
 class Report(BaseModel):
     job_id: str | None = None
     spec: Spec
@@ -354,3 +374,22 @@ class Report(BaseModel):
         default=[], description="how to read figures of this job (e.g. cross-task pairing)"
     )
     environment: dict[str, Any] = {}
+    method: MethodRecord | None = Field(
+        default=None, description="the engine's method version and the settings that move "
+        "figures (null: a report of a service before they were recorded)")
+    caveats: list[Caveat] | None = Field(
+        default=None, description="what weakens the figures, by code (null: not recorded; "
+        "stitchsim.caveats finds them from the figures)")
+
+    def to_pandas(self, table: str = "results") -> Any:
+        """One tidy table of the report as a pandas DataFrame (the `pandas` extra):
+        "results" (one row per direction, stitch pair, objective and protocol), "controls",
+        "measures" or "summary" (mean agreement per protocol, direction and objective)."""
+        from stitchsim.frames import report_frame
+
+        return report_frame(self, table)
+
+    def _repr_html_(self) -> str:
+        from stitchsim.frames import report_html
+
+        return report_html(self)

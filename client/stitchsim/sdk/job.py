@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 
@@ -19,10 +19,12 @@ from stitchsim.errors import (
     WaitTimeout,
 )
 from stitchsim.models import JobStatus, Report
+from stitchsim.sdk.plans import Call, Plan, Sleep
 from stitchsim.sdk.progress import ProgressPrinter
 
 if TYPE_CHECKING:
-    from stitchsim.sdk.client import Client, PathLike
+    from stitchsim.sdk.client import Client
+    from stitchsim.sdk.core import ClientCore, PathLike
 
 ProgressArg = bool | Callable[[JobStatus], None]
 _TRANSIENT = (ConnectionFailed, ServiceUnavailable, RateLimited)
@@ -30,10 +32,12 @@ LONG_POLL_S = 30.0
 """How long one status request may wait for a change (the service caps it at 60 s)."""
 
 
-class Job:
-    """A comparison running on the service."""
+class JobCore:
+    """A job's operations as request plans, shared by Job and AsyncJob."""
 
-    def __init__(self, client: Client, job_id: str):
+    client: ClientCore
+
+    def __init__(self, client: Any, job_id: str):
         self.client = client
         self.id = job_id
         self.last_status: JobStatus | None = None
@@ -42,15 +46,121 @@ class Job:
 
     def __repr__(self) -> str:
         state = self.last_status.state if self.last_status else "?"
-        return f"Job({self.id!r}, state={state!r})"
+        return f"{type(self).__name__}({self.id!r}, state={state!r})"
+
+    def _repr_html_(self) -> str:
+        from stitchsim.frames import status_html
+
+        return status_html(self.id, self.last_status)
+
+    def _plan_status(self) -> Plan[JobStatus]:
+        return self._take((yield Call("GET", f"/jobs/{self.id}")))
+
+    def _plan_cancel(self) -> Plan[JobStatus]:
+        yield Call("DELETE", f"/jobs/{self.id}")
+        return (yield from self._plan_status())
+
+    def _plan_wait(self, timeout: float | None, progress: ProgressArg, poll_interval: float,
+                   max_poll_interval: float, outage_tolerance: float, long_poll: float
+                   ) -> Plan[Report]:
+        printer: ProgressPrinter | None = None
+        if progress is True:
+            printer = ProgressPrinter(job_id=self.id)
+            callback: Callable[[JobStatus], None] | None = printer
+        else:
+            callback = progress or None
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        pacing = _Pacing(deadline, poll_interval, max_poll_interval, long_poll)
+        outage_since: float | None = None
+        try:
+            while True:
+                pause = pacing.pause()
+                if pause > 0:
+                    yield Sleep(pause)
+                pacing.sent()
+                try:
+                    status = yield from self._plan_next_status(pacing.wait_s())
+                    outage_since = None
+                except _TRANSIENT:
+                    now = time.monotonic()
+                    outage_since = outage_since or now
+                    if now - outage_since >= outage_tolerance or (
+                        deadline is not None and now >= deadline
+                    ):
+                        raise
+                    pacing.back_off()
+                    continue
+                if self._etag is None:
+                    pacing.long_polls = False  # an older service: plain polls
+                if callback is not None:
+                    callback(status)
+                if status.state == "succeeded":
+                    try:
+                        return (yield from self._plan_report())
+                    except Conflict:
+                        pass  # the row says done before the report landed in the store
+                elif status.state == "failed":
+                    raise JobFailed(self.id, status.error, status)
+                elif status.state == "cancelled":
+                    raise JobCancelled(f"job {self.id} was cancelled", self.id, status)
+                if deadline is not None and time.monotonic() >= deadline:
+                    p = status.progress
+                    raise WaitTimeout(
+                        f"job {self.id} still {status.state} after {timeout:g}s "
+                        f"(stage {p.stage}, {p.done}/{p.total}); it keeps running on the service",
+                        self.id,
+                        status,
+                    )
+        finally:
+            if printer is not None:
+                printer.close()
+
+    def _plan_next_status(self, wait_s: float) -> Plan[JobStatus]:
+        """The status, waiting up to wait_s seconds for it to differ from the last one seen
+        (If-None-Match its ETag); the last one again when the service says it is unchanged."""
+        known = self.last_status if self._etag else None
+        headers = {"If-None-Match": self._etag} if known is not None and self._etag else {}
+        params = {"wait": f"{wait_s:.3g}"} if wait_s > 0 else None
+        base = self.client._timeout
+        # The read may take the whole wait before a byte comes.
+        read = None if base.read is None else base.read + wait_s
+        limits = httpx.Timeout(connect=base.connect, read=read, write=base.write, pool=base.pool)
+        response = yield Call("GET", f"/jobs/{self.id}",
+                              {"params": params, "headers": headers, "timeout": limits})
+        if response.status_code == 304 and known is not None:
+            return known
+        return self._take(response)
+
+    def _take(self, response: httpx.Response) -> JobStatus:
+        self.last_status = JobStatus.model_validate(response.json())
+        self._etag = response.headers.get("ETag")
+        return self.last_status
+
+    def _plan_report(self) -> Plan[Report]:
+        return Report.model_validate_json((yield from self._plan_report_json()))
+
+    def _plan_report_json(self) -> Plan[str]:
+        if self._report_text is None:
+            self._report_text = (yield Call("GET", f"/jobs/{self.id}/report")).text
+        return self._report_text
+
+    def _plan_report_html(self) -> Plan[str]:
+        return (yield Call("GET", f"/jobs/{self.id}/report.html",
+                           {"headers": {"Accept": "text/html"}})).text
+
+
+class Job(JobCore):
+    """A comparison running on the service."""
+
+    client: Client
 
     def status(self) -> JobStatus:
-        return self._take(self.client.http.request("GET", f"/jobs/{self.id}"))
+        return self.client._drive(self._plan_status())
 
     def cancel(self) -> JobStatus:
         """Ask the service to stop the job; cancellation is cooperative, so poll to see it end."""
-        self.client.http.request("DELETE", f"/jobs/{self.id}")
-        return self.status()
+        return self.client._drive(self._plan_cancel())
 
     def wait(
         self,
@@ -78,100 +188,32 @@ class Job:
         a callable receives the JobStatus of every answer instead (unchanged ones included,
         after a long-poll that saw no change).
         """
-        printer: ProgressPrinter | None = None
-        if progress is True:
-            printer = ProgressPrinter(job_id=self.id)
-            callback: Callable[[JobStatus], None] | None = printer
-        else:
-            callback = progress or None
-        start = time.monotonic()
-        deadline = None if timeout is None else start + timeout
-        pacing = _Pacing(self.client.http.sleep, deadline, poll_interval, max_poll_interval,
-                         long_poll)
-        outage_since: float | None = None
-        try:
-            while True:
-                pacing.pause()
-                try:
-                    status = self._next_status(pacing.wait_s())
-                    outage_since = None
-                except _TRANSIENT:
-                    now = time.monotonic()
-                    outage_since = outage_since or now
-                    if now - outage_since >= outage_tolerance or (
-                        deadline is not None and now >= deadline
-                    ):
-                        raise
-                    pacing.back_off()
-                    continue
-                if self._etag is None:
-                    pacing.long_polls = False  # an older service: plain polls
-                if callback is not None:
-                    callback(status)
-                if status.state == "succeeded":
-                    try:
-                        return self.report()
-                    except Conflict:
-                        pass  # the row says done before the report landed in the store
-                elif status.state == "failed":
-                    raise JobFailed(self.id, status.error, status)
-                elif status.state == "cancelled":
-                    raise JobCancelled(f"job {self.id} was cancelled", self.id, status)
-                if deadline is not None and time.monotonic() >= deadline:
-                    p = status.progress
-                    raise WaitTimeout(
-                        f"job {self.id} still {status.state} after {timeout:g}s "
-                        f"(stage {p.stage}, {p.done}/{p.total}); it keeps running on the service",
-                        self.id,
-                        status,
-                    )
-        finally:
-            if printer is not None:
-                printer.close()
-
-    def _next_status(self, wait_s: float) -> JobStatus:
-        """The status, waiting up to wait_s seconds for it to differ from the last one seen
-        (If-None-Match its ETag); the last one again when the service says it is unchanged."""
-        known = self.last_status if self._etag else None
-        headers = {"If-None-Match": self._etag} if known is not None and self._etag else {}
-        params = {"wait": f"{wait_s:.3g}"} if wait_s > 0 else None
-        base = self.client.http.timeout
-        # The read may take the whole wait before a byte comes.
-        read = None if base.read is None else base.read + wait_s
-        limits = httpx.Timeout(connect=base.connect, read=read, write=base.write, pool=base.pool)
-        response = self.client.http.request("GET", f"/jobs/{self.id}", params=params,
-                                            headers=headers, timeout=limits)
-        if response.status_code == 304 and known is not None:
-            return known
-        return self._take(response)
-
-    def _take(self, response: httpx.Response) -> JobStatus:
-        self.last_status = JobStatus.model_validate(response.json())
-        self._etag = response.headers.get("ETag")
-        return self.last_status
+        return self.client._drive(self._plan_wait(timeout, progress, poll_interval,
+                                                  max_poll_interval, outage_tolerance,
+                                                  long_poll))
 
     def report(self) -> Report:
         """The JSON report; Conflict (409) while the job has not finished."""
-        return Report.model_validate_json(self.report_json())
+        return self.client._drive(self._plan_report())
 
     def report_json(self) -> str:
         """The report exactly as the service sent it."""
-        if self._report_text is None:
-            self._report_text = self.client.http.request("GET", f"/jobs/{self.id}/report").text
-        return self._report_text
+        return self.client._drive(self._plan_report_json())
 
     def report_html(self) -> str:
         """The report as a self-contained HTML page."""
-        return self.client.http.request(
-            "GET", f"/jobs/{self.id}/report.html", headers={"Accept": "text/html"}
-        ).text
+        return self.client._drive(self._plan_report_html())
 
     def save_report(self, path: PathLike, format: Literal["json", "html"] = "json") -> Path:
         text = self.report_json() if format == "json" else self.report_html()
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-        return out
+        return _write(path, text)
+
+
+def _write(path: PathLike, text: str) -> Path:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    return out
 
 
 def _bounded(seconds: float, deadline: float | None) -> float:
@@ -183,9 +225,8 @@ def _bounded(seconds: float, deadline: float | None) -> float:
 class _Pacing:
     """When wait() sends its next status request, and how long that one may wait."""
 
-    def __init__(self, sleep: Callable[[float], None], deadline: float | None,
-                 poll_interval: float, max_poll_interval: float, long_poll: float):
-        self.sleep = sleep
+    def __init__(self, deadline: float | None, poll_interval: float, max_poll_interval: float,
+                 long_poll: float):
         self.deadline = deadline
         self.poll_interval = poll_interval
         self.max_poll_interval = max_poll_interval
@@ -199,13 +240,14 @@ class _Pacing:
         """The last request found the service unreachable: the next waits max_poll_interval."""
         self._failed = True
 
-    def pause(self) -> None:
-        """Sleep before the next request: the rest of poll_interval since the last one while
-        long-polling (its answer came at a change), the growing interval while polling, and
-        max_poll_interval after a failure."""
+    def pause(self) -> float:
+        """Seconds to sleep before the next request: the rest of poll_interval since the last
+        one while long-polling (its answer came at a change), the growing interval while
+        polling, and max_poll_interval after a failure."""
+        pause = 0.0
         if self._failed:
             self._failed = False
-            self.sleep(_bounded(self.max_poll_interval, self.deadline))
+            pause = _bounded(self.max_poll_interval, self.deadline)
         elif self._last is not None:
             if self.long_polls:
                 rest = self.poll_interval - (time.monotonic() - self._last)
@@ -213,7 +255,11 @@ class _Pacing:
                 rest = self._interval
                 self._interval = min(self.max_poll_interval, self._interval * 1.5)
             if rest > 0:
-                self.sleep(_bounded(rest, self.deadline))
+                pause = _bounded(rest, self.deadline)
+        return pause
+
+    def sent(self) -> None:
+        """The request goes out now (after the pause)."""
         self._last = time.monotonic()
 
     def wait_s(self) -> float:

@@ -13,6 +13,7 @@ import timm
 import torch
 from stitchsim import catalogue
 from stitchsim.catalogue import OUTPUT_KINDS
+from stitchsim.caveats import find_caveats
 from stitchsim.models import (
     Direction,
     MeasureRow,
@@ -40,6 +41,7 @@ from stitchsim_worker.engine.measures.summary import (
     withheld,
 )
 from stitchsim_worker.engine.measures.unstitched import unstitched_rows
+from stitchsim_worker.engine.method import method_record
 from stitchsim_worker.engine.models.network import Network
 from stitchsim_worker.engine.protocols.controls import CONTROLS, controls_to_run
 from stitchsim_worker.engine.resources import CancelFn, ProgressFn, Resources
@@ -160,7 +162,7 @@ def _report(ran: Ran) -> Report:
     dataset = prep.data.describe()
     summary: Summary = summarise(spec, results, ran.controls, measured.rows)
     reason = withheld(spec, front, back)
-    return Report(
+    report = Report(
         job_id=ran.job_id,
         spec=spec,
         front=front,
@@ -179,7 +181,9 @@ def _report(ran: Ran) -> Report:
         warnings=[*_undetermined(front, back), *ctx.warnings],
         notes=_notes(spec, prep, ran),
         environment=_environment(ran.device, ran.tracker, spec.train.seed, ran.seconds),
+        method=method_record(spec),
     )
+    return report.model_copy(update={"caveats": find_caveats(report)})
 
 
 def _undetermined(front: ModelSummary, back: ModelSummary) -> list[str]:

@@ -1,0 +1,239 @@
+"""CI gates as ML teams write them (MLflow's MetricThreshold, TFMA's change thresholds,
+Deepchecks' pass/warn/fail): an absolute threshold, a drop against a baseline report (absolute
+and relative), per-stitch-point limits, a warn band, and caveats that may fail the check.
+
+The evaluation is a pure function of the new report, the baseline report and the options, so
+a stored pair of reports gives the same outcome as the run that made them. A baseline compares
+only when it was made the same way: same reference model and dataset (`subject_differences`)
+and the same method (`stitchsim.method.differences`); otherwise it is refused with the setting
+that differs named.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from stitchsim import catalogue
+from stitchsim.caveats import caveats_of
+from stitchsim.errors import UsageError
+from stitchsim.method import differences, method_settings
+from stitchsim.models import Caveat, MethodRecord, Report
+
+Status = Literal["pass", "warn", "fail"]
+PointKey = tuple[str, str, str]
+"""(direction, front_layer, back_layer)"""
+
+_EPS = 1e-9  # a drop of exactly the limit passes, whatever the float rounding
+
+
+class BaselineRefused(UsageError):
+    """The baseline was made under other settings, or of another model or dataset."""
+
+
+@dataclass(frozen=True)
+class GateOptions:
+    max_drop: float | None = None
+    """Fail when the similarity falls by more than this below the baseline's (absolute)."""
+    max_relative_drop: float | None = None
+    """Fail when it falls by more than this fraction of the baseline's similarity."""
+    max_drop_per_point: float | None = None
+    """Fail when any stitch point's agreement falls by more than this below the baseline's."""
+    min_point_agreement: float | None = None
+    """Fail when any stitch point's agreement is below this."""
+    warn_below: float | None = None
+    """Warn (its own exit code) when the similarity is below this but no gate fails."""
+    fail_on_caveat: bool = False
+    """Fail on any caveat (unconverged IRIs, a model at chance)."""
+
+    @property
+    def needs_baseline(self) -> bool:
+        return self.max_drop is not None or self.max_relative_drop is not None or (
+            self.max_drop_per_point is not None)
+
+
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    status: Status
+    message: str
+    figure: float | None = None
+    limit: float | None = None
+
+
+@dataclass(frozen=True)
+class Outcome:
+    gates: list[Gate]
+    similarity: float
+    baseline_similarity: float | None = None
+    baseline_source: str | None = None
+    caveats: list[Caveat] = field(default_factory=list)
+
+    @property
+    def status(self) -> Status:
+        states = {g.status for g in self.gates}
+        return "fail" if "fail" in states else "warn" if "warn" in states else "pass"
+
+    @property
+    def drop(self) -> float | None:
+        if self.baseline_similarity is None:
+            return None
+        return self.baseline_similarity - self.similarity
+
+
+# ------------------------------------------------------------------ figures
+
+
+def point_agreements(report: Report) -> dict[PointKey, float]:
+    """Per stitch point and direction: the mean agreement over objectives under the protocol
+    the similarity is read from (the figure the similarity averages)."""
+    used = report.summary.similarity_protocol
+    sums: dict[PointKey, list[float]] = {}
+    for r in report.results:
+        if r.protocol == used:
+            sums.setdefault((r.direction, r.front_layer, r.back_layer), []).append(r.agreement)
+    return {k: sum(v) / len(v) for k, v in sums.items()}
+
+
+def point_name(key: PointKey) -> str:
+    direction, front, back = key
+    return f"{front}->{back} ({direction})"
+
+
+# ------------------------------------------------------------------ evaluation
+
+
+def evaluate(report: Report, baseline: Report | None, options: GateOptions,
+             *, baseline_source: str | None = None) -> Outcome:
+    """Every gate the options ask for, on the new report (and the baseline)."""
+    if options.needs_baseline and baseline is None:
+        raise UsageError("--max-drop, --max-relative-drop and --max-drop-per-point need "
+                         "--baseline (a report file, a job id, or self)")
+    s = report.summary.similarity
+    gates = [*_threshold_gates(report, options)]
+    if baseline is not None:
+        gates += _baseline_gates(report, baseline, options)
+    gates += _point_gates(report, baseline, options)
+    caveats = caveats_of(report)
+    if options.fail_on_caveat:
+        gates += [Gate(f"caveat {c.code}" + (f" at {c.where}" if c.where else ""),
+                       "fail" if _gating(c) else "pass", c.message) for c in caveats]
+    return Outcome(gates, s, None if baseline is None else baseline.summary.similarity,
+                   baseline_source, caveats)
+
+
+def _gating(caveat: Caveat) -> bool:
+    entry = catalogue.CAVEATS.get(caveat.code)
+    return entry is None or entry.gate
+
+
+def _threshold_gates(report: Report, options: GateOptions) -> list[Gate]:
+    s, threshold = report.summary.similarity, report.summary.threshold
+    gates = []
+    if threshold is not None and report.verdict is not None:
+        ok = report.verdict == "similar"
+        gates.append(Gate("threshold", "pass" if ok else "fail",
+                          f"similarity {s:.4f} {'>=' if ok else '<'} threshold {threshold:.4f}",
+                          s, threshold))
+    if options.warn_below is not None:
+        low = s < options.warn_below
+        gates.append(Gate("warn-below", "warn" if low else "pass",
+                          f"similarity {s:.4f} {'<' if low else '>='} warn line "
+                          f"{options.warn_below:.4f}", s, options.warn_below))
+    return gates
+
+
+def _baseline_gates(report: Report, baseline: Report, options: GateOptions) -> list[Gate]:
+    s, b = report.summary.similarity, baseline.summary.similarity
+    drop = b - s
+    gates = []
+    if options.max_drop is not None:
+        ok = drop <= options.max_drop + _EPS
+        gates.append(Gate("max-drop", "pass" if ok else "fail",
+                          f"similarity {s:.4f} vs baseline {b:.4f}: drop {drop:+.4f} "
+                          f"{'<=' if ok else '>'} {options.max_drop:.4f}", drop, options.max_drop))
+    if options.max_relative_drop is not None:
+        rel = drop / b if b > 0 else 0.0
+        ok = rel <= options.max_relative_drop + _EPS
+        gates.append(Gate("max-relative-drop", "pass" if ok else "fail",
+                          f"similarity {s:.4f} vs baseline {b:.4f}: relative drop {rel:+.2%} "
+                          f"{'<=' if ok else '>'} {options.max_relative_drop:.2%}", rel,
+                          options.max_relative_drop))
+    return gates
+
+
+def _point_gates(report: Report, baseline: Report | None, options: GateOptions) -> list[Gate]:
+    points = point_agreements(report)
+    before = point_agreements(baseline) if baseline is not None else {}
+    gates = []
+    for key, value in points.items():
+        name = point_name(key)
+        if options.min_point_agreement is not None:
+            ok = value >= options.min_point_agreement - _EPS
+            gates.append(Gate(f"point {name}", "pass" if ok else "fail",
+                              f"agreement {value:.4f} {'>=' if ok else '<'} "
+                              f"{options.min_point_agreement:.4f}", value,
+                              options.min_point_agreement))
+        if options.max_drop_per_point is not None:
+            if key not in before:
+                gates.append(Gate(f"point drop {name}", "fail",
+                                  "the baseline has no figure at this stitch point (its "
+                                  "stitch points: " + ", ".join(map(point_name, before)) + ")"))
+                continue
+            drop = before[key] - value
+            ok = drop <= options.max_drop_per_point + _EPS
+            gates.append(Gate(f"point drop {name}", "pass" if ok else "fail",
+                              f"agreement {value:.4f} vs baseline {before[key]:.4f}: drop "
+                              f"{drop:+.4f} {'<=' if ok else '>'} "
+                              f"{options.max_drop_per_point:.4f}", drop,
+                              options.max_drop_per_point))
+    return gates
+
+
+# ------------------------------------------------------------------ is the baseline comparable
+
+
+def method_of(report: Report) -> MethodRecord:
+    """The report's method; for a report from before methods were recorded, its spec's
+    settings under an unknown engine version (which never equals a recorded one)."""
+    if report.method is not None:
+        return report.method
+    return MethodRecord(engine="(not recorded)", settings=method_settings(report.spec))
+
+
+def subject_differences(baseline: Report, reference: str, dataset: str | None,
+                        arch: str | None = None) -> list[str]:
+    """What makes the baseline a comparison of another reference model or dataset."""
+    found = []
+    if baseline.front.checkpoint != reference:
+        found.append(f"reference model: baseline {baseline.front.checkpoint}, this check "
+                     f"{reference}")
+    if arch is not None and baseline.front.arch != arch:
+        found.append(f"reference arch: baseline {baseline.front.arch}, this check {arch}")
+    was = _dataset_name(baseline)
+    if dataset is not None and was != dataset:
+        found.append(f"dataset: baseline {was}, this check {dataset}")
+    return found
+
+
+def _dataset_name(report: Report) -> str:
+    return str(report.dataset.get("id") or report.spec.dataset)
+
+
+def refuse_unless_comparable(baseline: Report, report: Report, source: str) -> None:
+    """Raise BaselineRefused naming what differs between a baseline and the new report."""
+    subject = subject_differences(baseline, report.front.checkpoint, _dataset_name(report),
+                                  report.front.arch)
+    if subject:
+        raise BaselineRefused(f"baseline {source} compares another model or dataset: "
+                              + "; ".join(subject) + ". Use a baseline of this reference on "
+                              "this dataset")
+    method = differences(method_of(baseline), method_of(report))
+    if method:
+        raise BaselineRefused(method_refusal(source, method))
+
+
+def method_refusal(source: str, method: list[str]) -> str:
+    return (f"baseline {source} was made under other settings, so its figures do not compare: "
+            + "; ".join(method) + ". Rerun with --recompute-baseline to redo the baseline "
+            "under this check's settings")
