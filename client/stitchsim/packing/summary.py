@@ -60,7 +60,7 @@ class PackSummary:
         c, h, w = self.image_shape
         label = DATASET_FORMATS.label(self.format)
         src = f"{self.source}" + (f" + {self.test_source} (test)" if self.test_source else "")
-        out = [f"packed {src} ({label}) into {self.out} ({_size(self.out_bytes)})"]
+        out = [f"packed {src} ({label}) into {self.out} ({human_size(self.out_bytes)})"]
         if self.classes is None:
             out.append("  classes: none (unlabelled: a job refuses it where a figure needs "
                        "labels)")
@@ -82,7 +82,8 @@ class PackSummary:
         return "\n".join(self.lines())
 
 
-def _size(n: float) -> str:
+def human_size(n: float) -> str:
+    """Bytes as people read them: 512 B, 1.5 MB (decimal units, as upload progress shows)."""
     for unit in ("B", "KB", "MB", "GB"):
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -44,6 +44,7 @@ from stitchsim.models import (
     Usage,
 )
 from stitchsim.packing import PackOptions, is_service_file, pack_dataset
+from stitchsim.packing.summary import human_size
 from stitchsim.sdk.plans import Call, Plan
 
 # The CLI gives this logger a handler; a library user opts in with logging.basicConfig.
@@ -196,7 +197,7 @@ class ClientCore:
             log.info("%s: already on the service as %s, not uploaded", path, _short(known.id))
             return known
         _check_file(path, kind)
-        log.info("%s: uploading %s", path, _size(path.stat().st_size))
+        log.info("%s: uploading %s", path, human_size(path.stat().st_size))
 
         def body(stack: contextlib.ExitStack) -> dict[str, Any]:
             # Reopened on every attempt so a retry sends the whole file again.
@@ -382,10 +383,3 @@ def _validate_spec(payload: Mapping[str, Any]) -> Spec:
 def _short(object_id: str) -> str:
     return object_id[:19] + "…" if len(object_id) > 20 else object_id
 
-
-def _size(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} GB"

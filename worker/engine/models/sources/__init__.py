@@ -93,6 +93,19 @@ def register_source(entry: SourceEntry) -> SourceEntry:
     return SOURCES.register(entry)
 
 
+def build_with(library: str, create: Callable[..., nn.Module], b: Build) -> nn.Module:
+    """`create(name, **kwargs)` of a library, with random weights; a library's refusal of the
+    kwargs becomes invalid_arch_kwargs naming them."""
+    check_kwargs(b.kwargs, b.where)
+    try:
+        return create(b.name, **b.kwargs)
+    except (TypeError, ValueError, AssertionError, RuntimeError, KeyError) as e:
+        raise Failure(
+            "invalid_arch_kwargs",
+            f"{b.where}: {library} could not build {b.name!r} with arch_kwargs {b.kwargs}: {e}",
+        ) from e
+
+
 def check_kwargs(kwargs: dict[str, Any], where: str) -> None:
     bad = sorted(FORBIDDEN_KWARGS & kwargs.keys())
     if bad:

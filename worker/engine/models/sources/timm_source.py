@@ -4,26 +4,18 @@ A hub-layout folder's config.json gives the name, kwargs and its pretrained_cfg.
 from __future__ import annotations
 
 import timm
-from stitchsim.failure import Failure
 from stitchsim_worker.engine.models.sources import (
     Build,
     SourceEntry,
     SourceInfo,
-    check_kwargs,
+    build_with,
     register_source,
 )
 from torch import nn
 
 
 def _build(b: Build) -> nn.Module:
-    check_kwargs(b.kwargs, b.where)
-    try:
-        return timm.create_model(b.name, pretrained=False, **b.kwargs)
-    except (TypeError, ValueError, AssertionError, RuntimeError, KeyError) as e:
-        raise Failure(
-            "invalid_arch_kwargs",
-            f"{b.where}: timm could not build {b.name!r} with arch_kwargs {b.kwargs}: {e}",
-        ) from e
+    return build_with("timm", lambda name, **kw: timm.create_model(name, pretrained=False, **kw), b)
 
 
 def fixed_input_size(net: nn.Module) -> int | None:

@@ -8,14 +8,13 @@ import difflib
 import functools
 
 import torchvision
-from stitchsim.failure import Failure
 from stitchsim_worker.engine.models.sources import (
     IMAGENET,
     Build,
     Candidate,
     SourceEntry,
     SourceInfo,
-    check_kwargs,
+    build_with,
     register_source,
 )
 from torch import nn
@@ -29,14 +28,7 @@ def _names() -> tuple[str, ...]:
 
 
 def _build(b: Build) -> nn.Module:
-    check_kwargs(b.kwargs, b.where)
-    try:
-        return tvm.get_model(b.name, weights=None, **b.kwargs)
-    except (TypeError, ValueError, AssertionError, RuntimeError, KeyError) as e:
-        raise Failure(
-            "invalid_arch_kwargs",
-            f"{b.where}: torchvision could not build {b.name!r} with arch_kwargs {b.kwargs}: {e}",
-        ) from e
+    return build_with("torchvision", lambda name, **kw: tvm.get_model(name, weights=None, **kw), b)
 
 
 def _convention(name: str) -> Candidate:
