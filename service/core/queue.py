@@ -12,8 +12,7 @@ from typing import Any
 
 from celery import Celery
 from celery.exceptions import TimeoutError as CeleryTimeout
-from kombu.transport import TRANSPORT_ALIASES
-from kombu.transport import sqlalchemy as kombu_sqla
+from kombu.transport import TRANSPORT_ALIASES, sqlalchemy as kombu_sqla
 from pydantic import ValidationError
 from sqlalchemy import event
 from stitchsim.failure import Failure

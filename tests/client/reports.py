@@ -7,8 +7,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from stitchsim.models import ModelSummary, PreprocessInfo, Report, ResultRow, Spec
-from stitchsim_worker.engine.measures.summary import summarise, verdict_caveats, withheld
-from stitchsim_worker.engine.measures.summary import verdict as engine_verdict
+from stitchsim_worker.engine.measures.summary import (
+    summarise,
+    verdict as engine_verdict,
+    verdict_caveats,
+    withheld,
+)
 
 
 def make_report(

@@ -12,8 +12,8 @@ import torch
 from stitchsim.failure import Failure
 from stitchsim.models import MeasureSettings
 from stitchsim_worker.engine.measures.knn import knn_overlap
-from stitchsim_worker.engine.measures.similarity import MEASURES as REGISTRY
 from stitchsim_worker.engine.measures.similarity import (
+    MEASURES as REGISTRY,
     Estimate,
     batching,
     estimate,

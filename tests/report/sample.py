@@ -25,10 +25,10 @@ from stitchsim.models import (
 from stitchsim_worker.engine.measures.summary import (
     chance_warning,
     summarise,
+    verdict as engine_verdict,
     verdict_caveats,
     withheld,
 )
-from stitchsim_worker.engine.measures.summary import verdict as engine_verdict
 
 __all__ = ["make_sample_report", "summarise"]
 

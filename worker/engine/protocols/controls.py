@@ -25,8 +25,8 @@ from stitchsim_worker.engine.stitching.activations import (
     images_split,
     test_split,
     train_split,
+    with_inputs as split_with_inputs,
 )
-from stitchsim_worker.engine.stitching.activations import with_inputs as split_with_inputs
 from stitchsim_worker.engine.stitching.fitting import (
     alignment_points,
     fit,
