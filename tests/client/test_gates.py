@@ -116,7 +116,7 @@ def test_a_baseline_of_another_model_or_method_is_refused_naming_the_difference(
         refuse_unless_comparable(other_reference, new, "file base.json")
 
     other_iri = report(0.93, back=OLD, iri={"steps": 50})
-    with pytest.raises(BaselineRefused, match=r"iri\.steps: baseline 50, this check 100.*"
+    with pytest.raises(BaselineRefused, match=r"iri\.steps: baseline 50, this check 200.*"
                                               r"--recompute-baseline"):
         refuse_unless_comparable(other_iri, new, "file base.json")
 
@@ -210,7 +210,7 @@ def test_check_refuses_a_baseline_of_another_method_before_running_and_recompute
     base = _baseline_file(tmp_path / "base.json", files, 0.93, iri={"steps": 50})
     assert _check(fake, files, "--baseline", base, "--max-drop", "0.05") == 2
     err = capsys.readouterr().err
-    assert "iri.steps: baseline 50, this check 100" in err and "--recompute-baseline" in err
+    assert "iri.steps: baseline 50, this check 200" in err and "--recompute-baseline" in err
     assert fake.calls("POST", "/similarity") == []  # refused before any job ran
 
     other = _baseline_file(tmp_path / "other.json", files, 0.93)

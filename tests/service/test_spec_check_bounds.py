@@ -85,11 +85,12 @@ def test_the_estimate_counts_iris_at_their_cap_and_expects_less(ckpts, tmp_path)
     path = {"path": str(ckpts.digits_resnet)}
     std = Spec.model_validate(tiny_spec({"checkpoint": path}, {"checkpoint": path}))
     ia = std.model_copy(update={"protocols": ["standard", "invariance_aware"],
-                                "iri": IRISettings(steps=50)})
+                                "iri": IRISettings(method="fast", steps=50)})
     a = check_spec(std, resources=Resources(cache_dir=tmp_path))
     b = check_spec(ia, resources=Resources(cache_dir=tmp_path))
     assert a.expected_units == a.units
-    # IRIs: rounds of 50 steps, the first and 6 extra: a cap of 350 steps of 3 units a full
+    # IRIs (the fast method: the paper's has no extra rounds): rounds of 50 steps, the first
+    # and 6 extra: a cap of 350 steps of 3 units a full
     # batch, for 200 training samples in batches of 256 (a step counts the share of a batch it
     # steps), expected at the steps a set is taken to need (plan.IRI_STEPS_EXPECTED).
     iri_cap = round(3 * 350 * 200 / 256)
