@@ -97,7 +97,9 @@ class ClientCore:
 
     @property
     def _timeout(self) -> httpx.Timeout:
-        raise NotImplementedError
+        """The transport's timeouts; Client and AsyncClient each answer from their own
+        transport (the plans here read it to lengthen an upload's)."""
+        raise NotImplementedError("a client subclass supplies its transport's timeout")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.base_url!r})"
