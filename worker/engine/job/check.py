@@ -15,19 +15,21 @@ from dataclasses import dataclass
 import torch
 from stitchsim import catalogue
 from stitchsim.failure import Failure
-from stitchsim.models import Spec
+from stitchsim.models import AdversarialSettings, IRISettings, Spec, TrainSettings
 from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
 from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.job.context import EVAL_BATCH
 from stitchsim_worker.engine.job.costs import Sizes, size_factor
-from stitchsim_worker.engine.job.plan import job_plan, what_to_shrink
+from stitchsim_worker.engine.job.plan import job_plan, job_steps
 from stitchsim_worker.engine.job.prepare import (
     check_all,
     check_classes,
     pair_points_of,
 )
+from stitchsim_worker.engine.job.step import Pair, Step, total
 from stitchsim_worker.engine.models.loading import LoadedModel, meta_model
 from stitchsim_worker.engine.models.network import EXAMPLE_BATCH, Network
+from stitchsim_worker.engine.protocols.attacks import attack_passes
 from stitchsim_worker.engine.resources import Resources
 
 META = torch.device("meta")
@@ -91,8 +93,8 @@ def check_spec(spec: Spec, *, resources: Resources) -> Checked:
         raise Failure("unknown_layer", "no stitch points could be paired between the two models")
     factor = size_factor(front.flops, back.flops)
     budget = _Budget.of(resources, max(front.preprocess.input_size, back.preprocess.input_size))
-    units, expected = _check_budget(spec, Sizes(len(data.train), len(data.test), len(pairs)),
-                                    factor, budget)
+    sizes = Sizes(len(data.train), len(data.test), len(pairs))
+    units, expected = _check_budget(spec, sizes, pairs, factor, budget)
     return Checked(units=units, expected_units=expected, activation_bytes=activation,
                    size_factor=factor, seconds_per_unit=budget.seconds_per_unit)
 
@@ -159,16 +161,17 @@ class _Budget:
                 "device": self.device, "reference_limit": self.reference_limit}
 
 
-def _check_budget(spec: Spec, sizes: Sizes, factor: float, budget: _Budget
-                  ) -> tuple[int, int]:
-    """The job's work in budget units (its progress plan's batches at the models' size factor),
-    and the units it is expected to take, against the per-job limit."""
-    plan = job_plan(spec, sizes)
+def _check_budget(spec: Spec, sizes: Sizes, pairs: list[Pair], factor: float,
+                  budget: _Budget) -> tuple[int, int]:
+    """The job's work in budget units (the batches of the steps it would run, at the models'
+    size factor), and the units it is expected to take, against the per-job limit."""
+    steps = job_steps(spec, sizes, pairs)
+    plan = job_plan(spec, steps)
     units, expected = round(plan.units * factor), round(plan.expected * factor)
     limit = budget.limit
     if limit is None or units <= limit:
         return units, expected
-    shrink = what_to_shrink(spec, sizes)
+    shrink = what_to_shrink(spec, sizes, steps)
     if factor > 1:
         shrink.insert(0, f"the models (x{factor:.3g} the compute a sample of a resnet18 on "
                          "32x32 inputs: a smaller architecture or input_size)")
@@ -183,3 +186,40 @@ def _check_budget(spec: Spec, sizes: Sizes, factor: float, budget: _Budget
          "n_train": sizes.train, "n_test": sizes.test, "stitch_pairs": sizes.pairs,
          **budget.details()},
     )
+
+
+_TRAIN, _IRI = TrainSettings(), IRISettings()
+
+
+def what_to_shrink(spec: Spec, sizes: Sizes, steps: list[Step]) -> list[str]:
+    """The spec's fields that multiply its cost beyond the defaults, largest factor first."""
+    factors = {
+        "train.epochs": spec.train.epochs / _TRAIN.epochs,
+        "train.seeds": spec.train.seeds / _TRAIN.seeds,
+        "train.batch_size (larger is cheaper)": _TRAIN.batch_size / spec.train.batch_size,
+        "layers": float(sizes.pairs),
+        "objectives": float(len(spec.objectives)),
+        "protocols": float(len(spec.protocols)),
+        "directions": float(len(spec.direction_list())),
+        "controls / control_settings": _with_controls(steps),
+    }
+    if catalogue.PROTOCOLS.any_of(spec.protocols, uses_iris=True):
+        factors["iri.steps"] = spec.iri.steps / _IRI.steps
+        factors["iri.batch_size (larger is cheaper)"] = _IRI.batch_size / spec.iri.batch_size
+    if catalogue.PROTOCOLS.any_of(spec.protocols, attacks=True) or spec.adversarial.evaluate:
+        factors["adversarial.steps"] = spec.adversarial.steps / AdversarialSettings().steps
+        factors["adversarial.alphas"] = float(len(spec.adversarial.alpha_list()))
+    if spec.adversarial.evaluate:
+        factors["adversarial.eval_steps / attack"] = (attack_passes(spec.adversarial)
+                                                      / attack_passes(AdversarialSettings()))
+    if spec.train.max_train_samples is None:
+        factors["train.max_train_samples (unset: the whole training split)"] = 2.0
+    ranked = sorted(((f, name) for name, f in factors.items() if f > 1.0), reverse=True)
+    return [f"{name} (x{f:.3g})" for f, name in ranked]
+
+
+def _with_controls(steps: list[Step]) -> float:
+    """How many times the comparison's work the job takes with its controls."""
+    alone = total([s for s in steps if s.part == "stitch"])
+    both = alone + total([s for s in steps if s.part == "control"])
+    return both.total / max(1, alone.total)

@@ -11,13 +11,29 @@ import torch
 from stitchsim.models import Direction, Spec
 from stitchsim_worker.engine.errors import JobCancelled
 from stitchsim_worker.engine.iri.cache import IRICache
+from stitchsim_worker.engine.job.costs import Sizes, passes
 from stitchsim_worker.engine.job.prepare import Prepared
-from stitchsim_worker.engine.job.progress import Tracker
+from stitchsim_worker.engine.job.progress import Tracker, Units
 from stitchsim_worker.engine.models.network import Network
 from stitchsim_worker.engine.resources import Resources
 from stitchsim_worker.engine.stitching.bank import Bank, BankBuilder
 
 EVAL_BATCH = 256
+
+
+def points_of(direction: Direction, pair: tuple[str, str]) -> tuple[str, str]:
+    """(i, j): the pair's points in the front and back part of a stitch in this direction."""
+    return pair if direction == "front_to_back" else (pair[1], pair[0])
+
+
+def cut_label(direction: Direction, pair: tuple[str, str]) -> str:
+    i, j = points_of(direction, pair)
+    return f"{direction} {i}->{j}"
+
+
+def self_point(direction: Direction, pair: tuple[str, str]) -> tuple[str, str]:
+    """(model, point) of the back model's point a control stitches into itself."""
+    return ("back", pair[1]) if direction == "front_to_back" else ("front", pair[0])
 
 
 @dataclass(frozen=True)
@@ -34,7 +50,7 @@ class Cut:
 
     @property
     def label(self) -> str:
-        return f"{self.direction} {self.i}->{self.j}"
+        return cut_label(self.direction, self.pair)
 
 
 @dataclass
@@ -55,25 +71,39 @@ class JobContext:
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
-    def open(
+    def new(
         cls, spec: Spec, prep: Prepared, resources: Resources, tracker: Tracker,
         device: torch.device,
     ) -> JobContext:
+        """The context before any work: open() computes what every later step reads."""
         ctx = cls(spec, prep, device, tracker,
                   BankBuilder(resources.memory_budget_bytes, resources.cache_dir),
                   IRICache(resources.cache_dir))
         # The dataset's pixels are banks already (in memory, or mapped from its file).
         ctx.train_pixels = prep.data.train.pixels
         ctx.test_pixels = prep.data.test.pixels
-        ctx.test_logits = {net.where: ctx._logits(net, ctx.test_pixels)
-                           for net in (prep.front, prep.back)}
-        ctx.own_pixels = {w: (ctx.train_pixels, ctx.test_pixels) for w in ("front", "back")}
-        ctx.own_test_logits = dict(ctx.test_logits)
+        return ctx
+
+    def open(self) -> None:
+        """Each model's logits on its test split (and the front model's on its own task's)."""
+        prep = self.prep
+        self.test_logits = {net.where: self._logits(net, self.test_pixels)
+                            for net in (prep.front, prep.back)}
+        self.own_pixels = {w: (self.train_pixels, self.test_pixels) for w in ("front", "back")}
+        self.own_test_logits = dict(self.test_logits)
         if prep.front_data is not None:
             own = prep.front_data
-            ctx.own_pixels["front"] = (own.train.pixels, own.test.pixels)
-            ctx.own_test_logits["front"] = ctx._logits(prep.front, ctx.own_pixels["front"][1])
-        return ctx
+            self.own_pixels["front"] = (own.train.pixels, own.test.pixels)
+            self.own_test_logits["front"] = self._logits(prep.front,
+                                                         self.own_pixels["front"][1])
+
+    @staticmethod
+    def open_units(spec: Spec, sizes: Sizes) -> Units:
+        """open(): each model on its test split, in training batches."""
+        n = 2 * passes(sizes.test, spec.train.batch_size)
+        if sizes.front_test is not None:
+            n += passes(sizes.front_test, spec.train.batch_size)
+        return Units(forward=n)
 
     def _logits(self, net: Network, pixels: Bank) -> Bank:
         return self.compute(pixels, lambda x: (net.logits(x),), self.spec.train.batch_size)[0]
@@ -108,18 +138,20 @@ class JobContext:
             return self.prep.front, self.prep.back
         return self.prep.back, self.prep.front
 
-    def cuts(self, direction: Direction) -> Iterator[Cut]:
+    def cut(self, direction: Direction, pair: tuple[str, str]) -> Cut:
         f, g = self.networks(direction)
-        for pair in self.prep.pairs:
-            i, j = pair if direction == "front_to_back" else (pair[1], pair[0])
-            yield Cut(direction, pair, f, i, g, j)
+        i, j = points_of(direction, pair)
+        return Cut(direction, pair, f, i, g, j)
 
-    def self_cuts(self, direction: Direction) -> Iterator[Cut]:
-        """The back model stitched into itself at each of its points (controls)."""
+    def self_cut(self, direction: Direction, pair: tuple[str, str]) -> Cut:
+        """The back model stitched into itself at one of its points (controls)."""
         _, g = self.networks(direction)
+        j = self_point(direction, pair)[1]
+        return Cut(direction, pair, g, j, g, j)
+
+    def cuts(self, direction: Direction) -> Iterator[Cut]:
         for pair in self.prep.pairs:
-            j = pair[1] if direction == "front_to_back" else pair[0]
-            yield Cut(direction, pair, g, j, g, j)
+            yield self.cut(direction, pair)
 
     def identity(self, net: Network) -> dict[str, object]:
         return self.prep.ids[net.where]

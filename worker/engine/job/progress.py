@@ -181,6 +181,11 @@ class Tracker:
         self.stage = stage
         self._emit(force=True)
 
+    @property
+    def reported(self) -> float:
+        """Units reported so far, with the fractions of steps over part of a batch."""
+        return self._done
+
     def counter(self, kind: Kind) -> Callable[[float], None]:
         """step() for units of one kind, for loops that take a callback."""
         return lambda units=1: self.step(units, kind)

@@ -1,5 +1,6 @@
-"""One comparison job, from spec to report: prepare, stitch in each direction, run the controls,
-summarise. The parts live in their own modules; this one reads top to bottom."""
+"""One comparison job, from spec to report: prepare, run the job's steps (plan.py: stitch in each
+direction, the measures, the controls), summarise. The parts live in their own modules; this
+one reads top to bottom."""
 
 from __future__ import annotations
 
@@ -15,10 +16,8 @@ from stitchsim import catalogue
 from stitchsim.catalogue import OUTPUT_KINDS
 from stitchsim.caveats import find_caveats
 from stitchsim.models import (
-    Direction,
     MeasureRow,
     ModelSummary,
-    Protocol,
     Report,
     ResultRow,
     Spec,
@@ -28,9 +27,10 @@ from stitchsim.models import (
 from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.errors import engine_failure, passes_through
 from stitchsim_worker.engine.job.context import JobContext
-from stitchsim_worker.engine.job.plan import plan_units
+from stitchsim_worker.engine.job.plan import job_plan, prepared_steps
 from stitchsim_worker.engine.job.prepare import Prepared, prepare
 from stitchsim_worker.engine.job.progress import Tracker
+from stitchsim_worker.engine.job.step import JobRun, run_steps
 from stitchsim_worker.engine.measures.in_job import MeasureRun
 from stitchsim_worker.engine.measures.metrics import accuracy_with_ci, near_chance
 from stitchsim_worker.engine.measures.summary import (
@@ -43,25 +43,9 @@ from stitchsim_worker.engine.measures.summary import (
 from stitchsim_worker.engine.measures.unstitched import unstitched_rows
 from stitchsim_worker.engine.method import method_record
 from stitchsim_worker.engine.models.network import Network
-from stitchsim_worker.engine.protocols.controls import CONTROLS, controls_to_run
 from stitchsim_worker.engine.resources import CancelFn, ProgressFn, Resources
-from stitchsim_worker.engine.stitching.activations import Split, test_split
-from stitchsim_worker.engine.stitching.fitting import protocol_rows, training_inputs
 
 log = logging.getLogger("stitchsim.engine")
-
-
-def compare(ctx: JobContext, direction: Direction, measured: MeasureRun) -> list[ResultRow]:
-    """Every stitch pair, protocol and objective in one direction; the measures of each pair
-    on the activations the stitching computed."""
-    rows = []
-    for cut in ctx.cuts(direction):
-        ctx.tracker.enter(f"stitch {cut.label}")
-        test, made = test_split(ctx, cut), dict[Protocol, Split]()
-        (found,) = protocol_rows(ctx, cut, training_inputs(ctx), [test], made=made)
-        rows += found
-        measured.add(ctx, cut, test, made)
-    return rows
 
 
 def run_job(
@@ -82,20 +66,17 @@ def run_job(
             # A worker runs many jobs: the peak in the report must be this job's own.
             torch.cuda.reset_peak_memory_stats(device)
         prep = prepare(spec, resources, device, tracker.should_cancel)
-        tracker.plan(plan_units(spec, prep))
-        ctx = JobContext.open(spec, prep, resources, tracker, device)
+        steps = prepared_steps(spec, prep)
+        tracker.plan(job_plan(spec, steps))
+        job = JobRun(JobContext.new(spec, prep, resources, tracker, device), MeasureRun())
         try:
-            directions = spec.direction_list()
-            measured = MeasureRun()
-            results = [row for d in directions for row in compare(ctx, d, measured)]
-            controls = [row for c in controls_to_run(spec) for d in directions
-                        for row in CONTROLS[c].run(ctx, d)]
-            unstitched = unstitched_rows(ctx)
+            run_steps(steps, job, tracker)
+            unstitched = unstitched_rows(job.ctx)  # from what the steps computed: no work
         finally:
-            ctx.close()
+            job.ctx.close()
         tracker.finish()
-        return _report(Ran(ctx, results, controls, unstitched, measured, device, tracker,
-                           time.perf_counter() - t0, job_id))
+        return _report(Ran(job.ctx, job.results, job.controls, unstitched, job.measured,
+                           device, tracker, time.perf_counter() - t0, job_id))
     except Exception as exc:
         if passes_through(exc):
             raise

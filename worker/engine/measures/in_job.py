@@ -1,5 +1,5 @@
-"""The measures in a job: on the activations the stitching computed, with their controls
-and their cost in the progress plan."""
+"""The measures in a job: on the activations the stitching computed, with their controls,
+and their work units as a step of the job (one a cut, after its comparison)."""
 
 from __future__ import annotations
 
@@ -96,14 +96,11 @@ class MeasureRun:
     _plans: dict[int, Batching] = field(default_factory=dict)
 
     def add(self, ctx: JobContext, cut: Cut, test: Split, made: dict[Protocol, Split]) -> None:
-        """The measures of one cut: on real test inputs and on the front model's IRIs, with
-        the ceiling and the floor."""
-        if not ctx.spec.measures:
-            return
-        # The stage covers g_j's pass over the test split; IRIs made here have their own.
-        ctx.tracker.enter(f"measures {cut.label}")
+        """The measures of one cut, as its step (stage `measures ...`): on real test inputs and
+        on the front model's IRIs, with the ceiling and the floor."""
         real = self._real_views(ctx, cut, test)
         iri = self._iri_views(ctx, cut, made)
+        # IRIs made here had a stage of their own: back to the step's.
         ctx.tracker.enter(f"measures {cut.label}")
         prepared = _Prepared(ctx, self._plans)
         noise = _noise(ctx, cut, (real, iri))
@@ -196,23 +193,22 @@ def _control_rows(prepared: _Prepared, cut: Cut, name: str, real: Views, iri: Vi
     return rows
 
 
-def measure_units(spec: Spec, sizes: Sizes, directions: int) -> Units:
-    """Work units the measures add to a job (MeasureRun.add at every cut)."""
-    if not spec.measures:
-        return Units()
+def measure_units(spec: Spec, sizes: Sizes, first_direction: bool) -> Units:
+    """MeasureRun.add at one cut: one unit per mini-batch of each representation prepared,
+    per measure, and the passes that make the activations it does not share."""
     settings = spec.measure_settings
     n_iri = sizes.train if settings.iri_split == "train" else sizes.test
     real = passes(sizes.test, settings.batch_size)
     iri = passes(min(n_iri, sizes.test), settings.batch_size)  # as many IRIs as test samples
     floor = len(spec.control_settings.noise_sigmas) * (real + iri)
-    # Per measure, one unit per mini-batch of each representation prepared: both models on
-    # real inputs and on IRIs, and the floor's noise beside each; the second direction reuses
-    # the real figure, so it prepares the real inputs of the end model only.
-    first, again = 2 * real + 2 * iri + floor, real + 2 * iri + floor
-    per_pair = Units(measure=len(spec.measures) * (first + again * (directions - 1)),
-                     forward=passes(sizes.test, EVAL_BATCH))  # g_j, kept for both directions
-    units = per_pair * sizes.pairs
+    # Both models on real inputs and on IRIs, and the floor's noise beside each; the second
+    # direction reuses the real figure, so it prepares the real inputs of the end model only,
+    # and g_j's pass over the test split (kept for both directions).
+    if first_direction:
+        units = Units(measure=len(spec.measures) * (2 * real + 2 * iri + floor),
+                      forward=passes(sizes.test, EVAL_BATCH))
+    else:
+        units = Units(measure=len(spec.measures) * (real + 2 * iri + floor))
     if settings.iri_split == "test" or _IRI_PROTOCOL not in spec.protocols:
-        own_iris = Units(forward=2 * passes(n_iri, EVAL_BATCH), iri=iri_units(spec, n_iri))
-        units += own_iris * (directions * sizes.pairs)
+        units += Units(forward=2 * passes(n_iri, EVAL_BATCH), iri=iri_units(spec, n_iri))
     return units

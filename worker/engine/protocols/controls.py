@@ -1,22 +1,30 @@
 """The controls (DESIGN §1), one registered entry each: reference runs that say how to read a
-comparison's figures (a ceiling, a floor, a shortcut probe). Each runs per direction and
-returns rows shaped like the comparison's, with a `control` key. What a control is called
-and how it is drawn are its catalogue entry's (stitchsim.catalogue.CONTROLS). Adding one is
-its catalogue entry plus one `register_control` call here, under the same name.
+comparison's figures (a ceiling, a floor, a shortcut probe). Each runs per direction as steps
+of the job (step.py: one per stitch pair, or per cue and pair), each with its work units, and
+returns rows shaped like the comparison's, with a `control` key. What a control is called and
+how it is drawn are its catalogue entry's (stitchsim.catalogue.CONTROLS). Adding one is its
+catalogue entry plus one `register_control` call here, under the same name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 from stitchsim import catalogue
 from stitchsim.models import Control, Direction, ResultRow, Spec
 from stitchsim_worker.engine.data.datasets import clustered_noise
-from stitchsim_worker.engine.job.context import EVAL_BATCH, JobContext
-from stitchsim_worker.engine.job.costs import Sizes, fit_units, passes, rows_units, test_split_units
+from stitchsim_worker.engine.job.context import (
+    EVAL_BATCH,
+    Cut,
+    JobContext,
+    cut_label,
+    self_point,
+)
+from stitchsim_worker.engine.job.costs import Sizes, passes
 from stitchsim_worker.engine.job.progress import Units
+from stitchsim_worker.engine.job.step import JobRun, Pair, Step
 from stitchsim_worker.engine.measures.pseudo import pseudo_classes
 from stitchsim_worker.engine.protocols.cues import CUES
 from stitchsim_worker.engine.registry import Registry
@@ -24,24 +32,30 @@ from stitchsim_worker.engine.stitching.activations import (
     InputSet,
     images_split,
     test_split,
+    test_split_units,
     train_split,
     with_inputs as split_with_inputs,
 )
 from stitchsim_worker.engine.stitching.fitting import (
     alignment_points,
     fit,
+    fit_units,
     make_row,
     protocol_rows,
+    protocol_rows_units,
     training_inputs,
 )
+
+StepsFn = Callable[[Spec, Sizes, Direction, Sequence[Pair]], list[Step]]
+CutRows = Callable[[JobContext, Cut], list[ResultRow]]
 
 
 @dataclass(frozen=True)
 class ControlEntry:
     name: Control
-    run: Callable[[JobContext, Direction], list[ResultRow]]
-    cost: Callable[[Spec, Sizes], Units]
-    """Its work units in one direction, for the progress plan (costs.py)."""
+    steps: StepsFn
+    """(spec, sizes, direction, stitch pairs) -> its steps in that direction, each with its
+    work units and how it runs (the job's step list, plan.py)."""
 
 
 CONTROLS: Registry[ControlEntry] = Registry("control")
@@ -55,6 +69,27 @@ def controls_to_run(spec: Spec) -> list[str]:
     return list(dict.fromkeys([*spec.controls, *needed]))
 
 
+def self_cut_control(name: Control, rows: CutRows, units: Callable[[Spec, Sizes], Units]
+                     ) -> ControlEntry:
+    """A control run as one step per stitch pair, on the back model stitched into itself at
+    the pair's back point (ctx.self_cut)."""
+
+    def steps(spec: Spec, sizes: Sizes, direction: Direction, pairs: Sequence[Pair]
+              ) -> list[Step]:
+        per_cut = units(spec, sizes)
+        return [Step(f"control {name} {' '.join(self_point(direction, pair))}", per_cut,
+                     _collect(rows, direction, pair)) for pair in pairs]
+
+    return ControlEntry(name=name, steps=steps)
+
+
+def _collect(rows: CutRows, direction: Direction, pair: Pair) -> Callable[[JobRun], None]:
+    def run(job: JobRun) -> None:
+        job.controls.extend(rows(job.ctx, job.ctx.self_cut(direction, pair)))
+
+    return run
+
+
 # ---------------------------------------------------------------- clustered noise: the floor
 
 _NOISE_CENTRES_SEED_OFFSET = 7
@@ -63,32 +98,30 @@ _BASELINE = catalogue.PROTOCOLS.one(baseline=True)
 """The floor's stitch is trained on the noise as the baseline protocol trains on images."""
 
 
-def _clustered_noise(ctx: JobContext, direction: Direction) -> list[ResultRow]:
+def _clustered_noise(ctx: JobContext, cut: Cut) -> list[ResultRow]:
     """Class-clustered noise of the back stitch point's shape, through T into g>j, trained
     towards g's processing of the real inputs of the same class index: how much accuracy a
     representation with no information but clusters already reaches."""
     data, spec = ctx.prep.data, ctx.spec
     centres_seed = spec.train.seed + _NOISE_CENTRES_SEED_OFFSET
     rows = []
-    for cut in ctx.self_cuts(direction):
-        ctx.tracker.enter(f"control clustered_noise {cut.g.where} {cut.j}")
-        real_train = train_split(ctx, cut, ctx.train_pixels, data.train.labels,
-                                 alignment_points(ctx, cut))
-        real_test = test_split(ctx, cut)
-        classes = _classes(ctx, real_train.back_logits.all(), real_test.back_logits.all())
-        shape = cut.g.shapes[cut.j]
-        for sigma in spec.control_settings.noise_sigmas:
-            train, test = (
-                split_with_inputs(real, ctx.bank(
-                    clustered_noise(labels, shape, sigma, centres_seed, noise_seed)))
-                for real, labels, noise_seed in ((real_train, classes[0], _NOISE_TRAIN_SEED),
-                                                 (real_test, classes[1], _NOISE_TEST_SEED))
-            )
-            for objective in spec.objectives:
-                result = fit(ctx, cut, objective, train, [test])
-                result.stitch = "clustered noise -> " + result.stitch
-                rows.append(make_row(ctx, cut, objective, _BASELINE, result.on(0), test,
-                                     result, control="clustered_noise", sigma=sigma))
+    real_train = train_split(ctx, cut, ctx.train_pixels, data.train.labels,
+                             alignment_points(ctx, cut))
+    real_test = test_split(ctx, cut)
+    classes = _classes(ctx, real_train.back_logits.all(), real_test.back_logits.all())
+    shape = cut.g.shapes[cut.j]
+    for sigma in spec.control_settings.noise_sigmas:
+        train, test = (
+            split_with_inputs(real, ctx.bank(
+                clustered_noise(labels, shape, sigma, centres_seed, noise_seed)))
+            for real, labels, noise_seed in ((real_train, classes[0], _NOISE_TRAIN_SEED),
+                                             (real_test, classes[1], _NOISE_TEST_SEED))
+        )
+        for objective in spec.objectives:
+            result = fit(ctx, cut, objective, train, [test])
+            result.stitch = "clustered noise -> " + result.stitch
+            rows.append(make_row(ctx, cut, objective, _BASELINE, result.on(0), test,
+                                 result, control="clustered_noise", sigma=sigma))
     return rows
 
 
@@ -102,37 +135,31 @@ def _classes(ctx: JobContext, train_out: torch.Tensor, test_out: torch.Tensor
     return pseudo_classes(train_out, test_out, ctx.spec.train.seed)
 
 
-def _clustered_noise_cost(spec: Spec, sizes: Sizes) -> Units:
+def _clustered_noise_units(spec: Spec, sizes: Sizes) -> Units:
+    """One cut: the real training split (both models), the test split, and a fit per sigma."""
     real = Units(forward=2 * passes(sizes.train, EVAL_BATCH)) + test_split_units(sizes)
     per_sigma = fit_units(spec, sizes.train, [sizes.test])
-    return (real + per_sigma * len(spec.control_settings.noise_sigmas)) * sizes.pairs
+    return real + per_sigma * len(spec.control_settings.noise_sigmas)
 
 
-register_control(ControlEntry(
-    name="clustered_noise", run=_clustered_noise, cost=_clustered_noise_cost,
-))
+register_control(self_cut_control("clustered_noise", _clustered_noise, _clustered_noise_units))
 
 
 # ---------------------------------------------------------------- identity: the ceiling
 
 
-def _identity(ctx: JobContext, direction: Direction) -> list[ResultRow]:
-    rows = []
-    for cut in ctx.self_cuts(direction):
-        ctx.tracker.enter(f"control identity {cut.g.where} {cut.j}")
-        (found,) = protocol_rows(ctx, cut, training_inputs(ctx), [test_split(ctx, cut)],
-                                 control="identity")
-        rows += found
-    return rows
+def _identity(ctx: JobContext, cut: Cut) -> list[ResultRow]:
+    (found,) = protocol_rows(ctx, cut, training_inputs(ctx), [test_split(ctx, cut)],
+                             control="identity")
+    return found
 
 
-def _identity_cost(spec: Spec, sizes: Sizes) -> Units:
-    per_cut = test_split_units(sizes) + rows_units(spec, sizes, sizes.train, [sizes.test],
-                                                   control=True)
-    return per_cut * sizes.pairs
+def _identity_units(spec: Spec, sizes: Sizes) -> Units:
+    return test_split_units(sizes) + protocol_rows_units(spec, sizes, [sizes.test],
+                                                         control=True)
 
 
-register_control(ControlEntry(name="identity", run=_identity, cost=_identity_cost))
+register_control(self_cut_control("identity", _identity, _identity_units))
 
 
 # ---------------------------------------------------------------- shortcut: the unseen-cue suite
@@ -140,46 +167,97 @@ register_control(ControlEntry(name="identity", run=_identity, cost=_identity_cos
 _CUE_SEED_OFFSET = 101
 
 
-def _shortcut(ctx: JobContext, direction: Direction) -> list[ResultRow]:
+@dataclass(frozen=True)
+class _Marked:
+    """One cue's marked copies of the splits the job uses (their size, not the file's): the
+    training inputs, and the test images with the right cues and with cues rolled by one."""
+
+    inputs: InputSet
+    right: torch.Tensor
+    rolled: torch.Tensor
+
+
+Classes = tuple[torch.Tensor, torch.Tensor, int, str]
+"""The training and test classes the cues follow, their number, and a tag for the cache key."""
+
+
+@dataclass
+class _Cues:
+    """What a direction's shortcut steps share: the classes, and each cue's marked inputs
+    while its pairs still run."""
+
+    classes: Classes | None = None
+    marked: dict[str, _Marked] = field(default_factory=dict)
+
+
+def _classes_to_mark(ctx: JobContext, direction: Direction) -> Classes:
+    """The classes the cues follow: the labels, or on data without labels this direction's
+    back model's pseudo-classes."""
+    data = ctx.prep.data
+    if data.labelled:
+        return data.train.labels, data.test.labels, data.n_classes, ""
+    g_net = ctx.networks(direction)[1]
+    (train_out,) = ctx.compute(ctx.train_pixels, lambda x: (g_net.logits(x),))
+    train_y, test_y = _classes(ctx, train_out.all(), ctx.test_logits[g_net.where].all())
+    return train_y, test_y, int(max(train_y.max(), test_y.max())) + 1, f":pseudo:{g_net.where}"
+
+
+def _mark(ctx: JobContext, name: str, classes: Classes) -> _Marked:
+    data, side = ctx.prep.data, ctx.spec.control_settings.shortcut_marker
+    train_y, test_y, k, pseudo = classes
+    cue = CUES[name]
+    seed = ctx.spec.train.seed + _CUE_SEED_OFFSET
+    g = torch.Generator().manual_seed(seed)
+    train_x = cue.mark(data.train.images, train_y, k, side, g)
+    right_x = cue.mark(data.test.images, test_y, k, side, g)
+    rolled_x = cue.mark(data.test.images, (test_y + 1) % k, k, side, g)
+    inputs = InputSet(ctx.bank(train_x), data.train.labels,
+                      f"{data.digest}|cue:{name}:{side}:{seed}{pseudo}")
+    return _Marked(inputs, right_x, rolled_x)
+
+
+def _shortcut_steps(spec: Spec, sizes: Sizes, direction: Direction, pairs: Sequence[Pair]
+                    ) -> list[Step]:
     """Each unseen cue painted onto the stitch-training inputs; at test time the right cues
-    versus cues rolled by one class. Agreement that follows the cue is excessive agreement."""
-    data, settings = ctx.prep.data, ctx.spec.control_settings
-    side = settings.shortcut_marker
-    train_y, test_y, k, pseudo = data.train.labels, data.test.labels, data.n_classes, ""
-    if not data.labelled:  # pseudo-classes of this direction's back model
-        g_net = ctx.networks(direction)[1]
-        (train_out,) = ctx.compute(ctx.train_pixels, lambda x: (g_net.logits(x),))
-        train_y, test_y = _classes(ctx, train_out.all(), ctx.test_logits[g_net.where].all())
-        k, pseudo = int(max(train_y.max(), test_y.max())) + 1, f":pseudo:{g_net.where}"
-    rows = []
-    for name in settings.cues:
-        cue = CUES[name]
-        seed = ctx.spec.train.seed + _CUE_SEED_OFFSET
-        g = torch.Generator().manual_seed(seed)
-        # Marked copies of the splits the job uses (their size, not the file's).
-        train_x = cue.mark(data.train.images, train_y, k, side, g)
-        test_x = data.test.images
-        right_x = cue.mark(test_x, test_y, k, side, g)
-        rolled_x = cue.mark(test_x, (test_y + 1) % k, k, side, g)
-        inputs = InputSet(ctx.bank(train_x), data.train.labels,
-                          f"{data.digest}|cue:{name}:{side}:{seed}{pseudo}")
-        for cut in ctx.cuts(direction):
-            ctx.tracker.enter(f"control shortcut {name} {cut.label}")
-            tests = [images_split(ctx, cut, x, data.test.labels) for x in (right_x, rolled_x)]
-            right, rolled = protocol_rows(ctx, cut, inputs, tests, control="shortcut")
-            for r, q in zip(right, rolled, strict=True):
-                rows.append(r.model_copy(update={
-                    "cue": name, "rolled_agreement": q.agreement,
-                    "excessive_agreement": r.agreement - q.agreement,
-                }))
-    return rows
+    versus cues rolled by one class. Agreement that follows the cue is excessive agreement.
+    One step per cue and pair; a cue's marked inputs are made by its first step and kept
+    for the pairs after it (then let go)."""
+    per_cut = _shortcut_units(spec, sizes)
+    cues, steps = _Cues(), []
+    for name in spec.control_settings.cues:
+        for n, pair in enumerate(pairs):
+            steps.append(Step(f"control shortcut {name} {cut_label(direction, pair)}", per_cut,
+                              _shortcut_step(name, direction, pair, cues,
+                                             last=n == len(pairs) - 1)))
+    return steps
 
 
-def _shortcut_cost(spec: Spec, sizes: Sizes) -> Units:
-    # Two test splits of marked images (right and rolled cues), both models on each.
+def _shortcut_step(name: str, direction: Direction, pair: Pair, cues: _Cues,
+                   last: bool) -> Callable[[JobRun], None]:
+    def run(job: JobRun) -> None:
+        ctx = job.ctx
+        if cues.classes is None:  # once a direction, for every cue
+            cues.classes = _classes_to_mark(ctx, direction)
+        if name not in cues.marked:
+            cues.marked[name] = _mark(ctx, name, cues.classes)
+        marked = cues.marked.pop(name) if last else cues.marked[name]
+        cut, labels = ctx.cut(direction, pair), ctx.prep.data.test.labels
+        tests = [images_split(ctx, cut, x, labels) for x in (marked.right, marked.rolled)]
+        right, rolled = protocol_rows(ctx, cut, marked.inputs, tests, control="shortcut")
+        for r, q in zip(right, rolled, strict=True):
+            job.controls.append(r.model_copy(update={
+                "cue": name, "rolled_agreement": q.agreement,
+                "excessive_agreement": r.agreement - q.agreement,
+            }))
+
+    return run
+
+
+def _shortcut_units(spec: Spec, sizes: Sizes) -> Units:
+    """One cue at one cut: two test splits of marked images (right and rolled cues), both
+    models on each, and the protocols' fits on the marked training inputs."""
     marked = Units(forward=2 * 2 * passes(sizes.test, EVAL_BATCH))
-    per_cut = marked + rows_units(spec, sizes, sizes.train, [sizes.test] * 2, control=True)
-    return per_cut * (sizes.pairs * len(spec.control_settings.cues))
+    return marked + protocol_rows_units(spec, sizes, [sizes.test] * 2, control=True)
 
 
-register_control(ControlEntry(name="shortcut", run=_shortcut, cost=_shortcut_cost))
+register_control(ControlEntry(name="shortcut", steps=_shortcut_steps))

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from stitchsim_worker.engine.job.context import Cut, JobContext
+from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.job.costs import Sizes, passes
+from stitchsim_worker.engine.job.progress import Units
 from stitchsim_worker.engine.stitching.bank import Bank
 
 
@@ -59,6 +61,11 @@ def test_split(ctx: JobContext, cut: Cut) -> Split:
     (inputs,) = ctx.compute(ctx.test_pixels, lambda x: (front(x),))
     data = ctx.prep.data.test
     return Split(inputs, data.labels, ctx.test_logits[cut.g.where], [], ctx.test_pixels)
+
+
+def test_split_units(sizes: Sizes) -> Units:
+    """test_split: the front part over the test split."""
+    return Units(forward=passes(sizes.test, EVAL_BATCH))
 
 
 def images_split(ctx: JobContext, cut: Cut, images: torch.Tensor, labels: torch.Tensor) -> Split:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from stitchsim import catalogue
-from stitchsim.models import Control, Objective, Protocol, ResultRow, RobustStats
+from stitchsim.models import Control, Objective, Protocol, ResultRow, RobustStats, Spec
 from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.job.costs import Sizes, passes
+from stitchsim_worker.engine.job.progress import Units
 from stitchsim_worker.engine.measures.grids import image_grid
 from stitchsim_worker.engine.measures.metrics import evaluate, seed_interval
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
@@ -68,6 +71,25 @@ def fit(ctx: JobContext, cut: Cut, objective: Objective, train: Split,
     ctx.tracker.focus(objective=None)
     return Fit(logits, float(np.mean(losses)), stitches[0].describe(),
                time.perf_counter() - t0, stitches, back)
+
+
+def fit_units(spec: Spec, n_train: int, tests: Sequence[int], *, augmented: bool = False,
+              robust: bool = False) -> Units:
+    """fit() for every objective of the spec on n_train inputs, its stitched model run on each
+    test split; an augmented fit crafts PGD inputs in every training batch, and a robust one
+    is then attacked on the first test split (robust_stats)."""
+    adv = spec.adversarial.steps
+    units = Units()
+    for objective in spec.objectives:
+        batches = OBJECTIVES[objective].cost(n_train, spec.train)
+        per_seed = Units(train=batches, forward=sum(passes(n, EVAL_BATCH) for n in tests))
+        if augmented:
+            per_seed += Units(augment=adv * batches)
+        if robust:
+            per_seed += Units(attack=attack_passes(spec.adversarial)
+                              * passes(tests[0], EVAL_BATCH))
+        units += per_seed * spec.train.seeds
+    return units
 
 
 def robust_stats(ctx: JobContext, cut: Cut, result: Fit, test: Split) -> RobustStats:
@@ -185,6 +207,29 @@ def protocol_rows(ctx: JobContext, cut: Cut, inputs: InputSet, tests: list[Split
                         control=control, robust=attacked if k == 0 else None, alpha=alpha,
                         grid=grid, **extra))
     return rows
+
+
+def protocol_rows_units(spec: Spec, sizes: Sizes, tests: Sequence[int], *,
+                        control: bool = False) -> Units:
+    """protocol_rows for one cut on the training split: each protocol's training split (its
+    entry's count), then its fits."""
+    total = Units()
+    for protocol in spec.protocols:
+        entry = PROTOCOLS[protocol]
+        if control and not catalogue.PROTOCOLS[protocol].in_controls:
+            continue
+        n_fit, own = sizes.train, list(tests)
+        if entry.test_split is not None:  # its own data, and its own test split
+            n_fit = sizes.front_train or sizes.train
+            own = [sizes.front_test or sizes.test] * len(tests)
+            total += Units(forward=passes(own[0], EVAL_BATCH))
+        total += entry.cost(spec, n_fit)
+        robust = spec.adversarial.evaluate and not control and entry.test_split is None
+        # An attacking protocol fits once per alpha (alpha 0: the clean arm, no augment).
+        alphas = spec.adversarial.alpha_list() if entry.augment is not None else [0.0]
+        for alpha in alphas:
+            total += fit_units(spec, n_fit, own, augmented=alpha > 0, robust=robust)
+    return total
 
 
 def _alphas(ctx: JobContext, protocol: Protocol) -> list[float | None]:

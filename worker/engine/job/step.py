@@ -1,0 +1,85 @@
+"""A step of a job: the stage it shows, the work units it takes and how it runs. A job is one
+list of steps (plan.py builds it): the spec check sums the list for the budget without running
+it, and the runner runs it in order, entering each step's stage, so the count and the run
+cannot drift apart. A step's units are counted beside the code that does the work (each
+protocol's, objective's, control's and measure's own `units`), and the batches inside report
+them as they go (Tracker.step); tests/engine/test_progress_accounting.py holds every step's
+report to its count."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from stitchsim.models import Direction, ResultRow
+from stitchsim_worker.engine.job.context import JobContext
+from stitchsim_worker.engine.job.progress import Plan, Tracker, Units
+
+if TYPE_CHECKING:
+    from stitchsim_worker.engine.measures.in_job import MeasureRun
+    from stitchsim_worker.engine.stitching.activations import Split
+
+Pair = tuple[str, str]
+"""A stitch pair: (front model point, back model point), as the report names it."""
+
+
+@dataclass
+class JobRun:
+    """What the steps of one job share as it runs: its context and the rows collected so far."""
+
+    ctx: JobContext
+    measured: MeasureRun
+    results: list[ResultRow] = field(default_factory=list)
+    controls: list[ResultRow] = field(default_factory=list)
+    splits: dict[tuple[Direction, Pair], tuple[Split, dict]] = field(default_factory=dict)
+    """Each cut's test split and the training splits its protocols made, kept from its
+    comparison step for its measures step (which reads the activations instead of
+    computing them again)."""
+
+
+@dataclass(frozen=True)
+class Step:
+    stage: str
+    """What the progress shows while it runs; its first word is the part of the job it belongs
+    to (prepare, stitch, measures, control), which the report's stage timings group by."""
+    units: Units
+    run: Callable[[JobRun], None]
+
+    @property
+    def part(self) -> str:
+        return self.stage.split(" ")[0]
+
+
+def total(steps: Sequence[Step]) -> Units:
+    units = Units()
+    for step in steps:
+        units += step.units
+    return units
+
+
+def plan_of(steps: Sequence[Step], expect: float) -> Plan:
+    """The steps' work, the elastic part (IRIs) expected to take `expect` of its cap."""
+    return Plan(total(steps), expect=expect)
+
+
+@dataclass(frozen=True)
+class Reported:
+    """One step's units as planned and as its batches reported them."""
+
+    stage: str
+    planned: int
+    reported: int
+
+
+def run_steps(steps: Sequence[Step], job: JobRun, tracker: Tracker) -> list[Reported]:
+    """Runs the steps in order, each under its own stage, and returns what each reported
+    against its count (a mismatch names the step whose count is wrong)."""
+    reported = []
+    for n, step in enumerate(steps):
+        if n or tracker.stage != step.stage:  # the first goes on in the stage it opened with
+            tracker.enter(step.stage)
+        before = tracker.reported
+        step.run(job)
+        reported.append(Reported(step.stage, step.units.total, round(tracker.reported - before)))
+    return reported
