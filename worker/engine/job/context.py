@@ -50,7 +50,8 @@ class Cut:
 
     @property
     def label(self) -> str:
-        return cut_label(self.direction, self.pair)
+        # Its own points, not the pair's: a control's self-cut stitches j into j.
+        return f"{self.direction} {self.i}->{self.j}"
 
 
 @dataclass
