@@ -3,10 +3,12 @@ the units left, so a unit planned and never reported (or reported and never plan
 ETA that misses the job's end by that much. With IRIs of a fixed length (no early stop, no
 extra rounds) and no cache hits, the first plan a job shows must equal what it did, for every
 piece of work a spec can ask for: objectives, seeds, directions, protocols, controls,
-measures, adversarial evaluation, cross-task data."""
+measures, adversarial evaluation, cross-task data. The plan is the job's own list of steps
+(job/plan.py), so each step is also held to its own count: a wrong one is named."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -55,15 +57,21 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
-def _run(spec: Spec, cache: Path) -> list[tuple[str, int, int]]:
+def _run(spec: Spec, cache: Path, caplog: pytest.LogCaptureFixture
+         ) -> list[tuple[str, int, int]]:
     calls: list[tuple[str, int, int]] = []
-    run_job(spec, resources=Resources(cache_dir=cache),
-            progress=lambda stage, done, total, _eta: calls.append((stage, done, total)))
+    with caplog.at_level(logging.WARNING, logger="stitchsim.engine"):
+        run_job(spec, resources=Resources(cache_dir=cache),
+                progress=lambda stage, done, total, _eta: calls.append((stage, done, total)))
+    # Every step reported the units it counted, kind by kind (the runner logs the ones that
+    # did not, by stage).
+    assert [r.getMessage() for r in caplog.records if "counted wrong" in r.getMessage()] == []
     return calls
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_first_plan_is_the_work_done(case: str, ckpts: Any, tmp_path: Path) -> None:
+def test_the_first_plan_is_the_work_done(case: str, ckpts: Any, tmp_path: Path,
+                                         caplog: pytest.LogCaptureFixture) -> None:
     front = {"cross_task": ckpts.colour_resnet,
              "vit_block_into_resnet": ckpts.digits_vit}.get(case, ckpts.digits_resnet)
     spec = Spec.model_validate({
@@ -71,7 +79,7 @@ def test_the_first_plan_is_the_work_done(case: str, ckpts: Any, tmp_path: Path) 
         "front": {"checkpoint": {"path": str(front)}},
         "back": {"checkpoint": {"path": str(ckpts.digits_resnet_b)}},
     })
-    calls = _run(spec, tmp_path / "cache")
+    calls = _run(spec, tmp_path / "cache", caplog)
     planned = next(total for _, _, total in calls if total)
     stage, done, total = calls[-1]
     assert stage == "done" and done == total

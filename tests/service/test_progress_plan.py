@@ -113,3 +113,38 @@ def test_a_running_iri_round_is_counted_to_its_end_and_teaches_the_sets_to_come(
         assert t.total == 31 + (40 - 31) + 10 + round((28 + 40) / 140 * 70)
         forward_pace = PRIOR_SECONDS["forward"] / PRIOR_SECONDS["iri"]  # not seen yet
         assert t.eta_s() == pytest.approx((40 - 31) + 34 + 10 * forward_pace, abs=0.05)
+
+
+def test_each_step_is_held_to_its_own_count() -> None:
+    """The runner runs the job's step list under each step's stage and compares what each
+    step's batches reported with the units it counted, kind by kind: the count and the run are
+    one list, so a wrong count names its step (IRIs may stop short of their cap)."""
+    from typing import cast
+
+    from stitchsim_worker.engine.job.step import JobRun, Step, plan_of, run_steps
+
+    stages: list[str] = []
+    t = Tracker(lambda stage, _d, _t, _e: stages.append(stage), None)
+
+    def batches(n: int, kind: Any = "forward") -> Any:
+        return lambda _job: [t.step(1, kind) for _ in range(n)]
+
+    def iris(_job: Any) -> None:
+        with t.span(30, weight=3):
+            for _ in range(4):  # stopped at 12 of its 30
+                t.step()
+
+    steps = [Step("prepare", Units(forward=2), batches(2)),
+             Step("stitch a", Units(forward=1, train=3), lambda j: (batches(1)(j),
+                                                                   batches(3, "train")(j))),
+             Step("iri a", Units(iri=30), iris),
+             Step("measures a", Units(measure=5), batches(4, "measure"))]
+    t.enter("prepare")
+    t.plan(plan_of(steps, expect=1.0))
+    reported = run_steps(steps, cast(JobRun, None), t)
+    assert [r.mismatch() for r in reported] == [
+        None, None, None, "measures a: reported measure 4 of 5 planned"]
+    # Each step entered once, the first going on in the stage the job opened with.
+    assert [s for n, s in enumerate(stages) if s != stages[n - 1] or n == 0] == [
+        "prepare", "stitch a", "iri a", "measures a"]
+    assert t.done == 2 + 4 + 12 + 4

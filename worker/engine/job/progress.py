@@ -66,6 +66,9 @@ class Units:
             merged[k] = merged.get(k, 0) + v
         return Units(**merged)
 
+    def __sub__(self, other: Units) -> Units:
+        return self + other * -1
+
     def __mul__(self, factor: float) -> Units:
         return Units(**{k: v * factor for k, v in self.by_kind.items()})
 
@@ -136,6 +139,7 @@ class Tracker:
         self.stage = "starting"
         self.done = 0
         self._done = 0.0  # done, with the fractions of steps over part of a batch
+        self._reported: dict[str, float] = {}  # the same, by kind
         self.total = 0
         self._last = 0.0
         self.timings: dict[str, float] = {}
@@ -182,9 +186,10 @@ class Tracker:
         self._emit(force=True)
 
     @property
-    def reported(self) -> float:
-        """Units reported so far, with the fractions of steps over part of a batch."""
-        return self._done
+    def reported(self) -> Units:
+        """Units reported so far by kind, with the fractions of steps over part of a batch:
+        what each step of the job is held to (step.run_steps)."""
+        return Units(**self._reported)
 
     def counter(self, kind: Kind) -> Callable[[float], None]:
         """step() for units of one kind, for loops that take a callback."""
@@ -205,6 +210,7 @@ class Tracker:
             if self._span is not None:
                 self._span.seconds += now - self._last_step
         self._last_step = now
+        self._reported[kind] = self._reported.get(kind, 0.0) + units
         self._done += units
         self.done = round(self._done)
         self._retotal()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from stitchsim.models import Direction, ResultRow
 from stitchsim_worker.engine.job.context import JobContext
-from stitchsim_worker.engine.job.progress import Plan, Tracker, Units
+from stitchsim_worker.engine.job.progress import ELASTIC, Plan, Tracker, Units
 
 if TYPE_CHECKING:
     from stitchsim_worker.engine.measures.in_job import MeasureRun
@@ -68,8 +68,18 @@ class Reported:
     """One step's units as planned and as its batches reported them."""
 
     stage: str
-    planned: int
-    reported: int
+    planned: Units
+    reported: Units
+
+    def mismatch(self) -> str | None:
+        """What differs, in words: a fixed kind of work reported other than counted, or
+        elastic work (IRIs) past its cap; None when the step kept to its count."""
+        planned, reported = self.planned.by_kind, self.reported.by_kind
+        wrong = [f"{k} {round(reported.get(k, 0))} of {round(planned.get(k, 0))}"
+                 for k in sorted(set(planned) | set(reported))
+                 if (round(reported.get(k, 0)) > round(planned.get(k, 0)) if k == ELASTIC
+                     else round(reported.get(k, 0)) != round(planned.get(k, 0)))]
+        return f"{self.stage}: reported {', '.join(wrong)} planned" if wrong else None
 
 
 def run_steps(steps: Sequence[Step], job: JobRun, tracker: Tracker) -> list[Reported]:
@@ -81,5 +91,5 @@ def run_steps(steps: Sequence[Step], job: JobRun, tracker: Tracker) -> list[Repo
             tracker.enter(step.stage)
         before = tracker.reported
         step.run(job)
-        reported.append(Reported(step.stage, step.units.total, round(tracker.reported - before)))
+        reported.append(Reported(step.stage, step.units, tracker.reported - before))
     return reported
