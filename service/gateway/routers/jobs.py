@@ -22,6 +22,7 @@ from stitchsim.models import ErrorBody, JobList, JobState, JobStatus, Report
 from stitchsim_service.core import jobs
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.errors import NotFoundError
+from stitchsim_service.core.nowait import BUSY
 from stitchsim_service.core.store import is_job_id
 from stitchsim_service.gateway.deps import get_ctx, get_owner, get_watcher
 from stitchsim_service.gateway.middleware import METRICS_ROUTE
@@ -94,7 +95,9 @@ async def get_job(
     if_none_match: str | None = Header(
         None, description="ETag of the status the client has: 304 while it is current"),
 ) -> Response:
-    row = await to_thread.run_sync(jobs.find_job, ctx, owner, job_id)
+    row = jobs.find_job_nowait(ctx, owner, job_id)
+    if row is BUSY:
+        row = await to_thread.run_sync(jobs.find_job, ctx, owner, job_id)
     now = Snapshot.of(row)
     if not if_none_match or not etag_matches(if_none_match, now.etag):
         return _status(now)
