@@ -84,7 +84,6 @@ def list_jobs(
 async def get_job(
     job_id: str,
     request: Request,
-    ctx: Context = Depends(get_ctx),
     owner: str = Depends(get_owner),
     wait: float | None = Query(
         None, ge=0, allow_inf_nan=False,
@@ -97,6 +96,7 @@ async def get_job(
 ) -> Response:
     # The row on the loop's thread when that needs no waiting (the embedded table, nearly
     # always), else in a worker thread: the hop costs more than the read (core.nowait).
+    ctx: Context = request.app.state.ctx  # not a dependency: see deps.get_owner
     row = jobs.find_job_nowait(ctx, owner, job_id)
     if row is BUSY:
         row = await to_thread.run_sync(jobs.find_job, ctx, owner, job_id)
