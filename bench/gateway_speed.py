@@ -206,11 +206,12 @@ def stand_in_worker(gw: Gateway, job_id: str, seconds: float, out: Waited) -> No
         jobs.heartbeat(ctx, claim, Progress(stage="training", done=done, total=total,
                                             eta_s=float(total - done)))
         out.changes += 1
-    jobs.finish(ctx, claim, "cancelled")
+    jobs.finish(ctx, claim, jobs.CANCELLED)
     out.changes += 1
 
 
-def sdk_client(gw: Gateway, job_id: str, out: Waited, long_poll: float) -> None:
+def sdk_client(gw: Gateway, job_id: str, out: Waited, long_poll: float,
+               timeout: float) -> None:
     from stitchsim import Client
     from stitchsim.errors import JobCancelled
     from stitchsim.models import JobStatus
@@ -221,7 +222,9 @@ def sdk_client(gw: Gateway, job_id: str, out: Waited, long_poll: float) -> None:
 
     t0 = time.monotonic()
     with Client(gw.url, gw.key) as client, contextlib.suppress(JobCancelled):
-        client.job(job_id).wait(timeout=None, progress=seen, long_poll=long_poll)
+        # Bounded: a stand-in worker that dies leaves the job running, and the bench would
+        # wait on it for ever.
+        client.job(job_id).wait(timeout=timeout, progress=seen, long_poll=long_poll)
     out.seconds = time.monotonic() - t0
 
 
@@ -234,7 +237,8 @@ def bench_waiting(gw: Gateway, job_seconds: float) -> tuple[list[Waited], float,
         job_id = insert_job(gw)
         threads += [threading.Thread(target=stand_in_worker, args=(gw, job_id, job_seconds,
                                                                     waited)),
-                    threading.Thread(target=sdk_client, args=(gw, job_id, waited, long_poll))]
+                    threading.Thread(target=sdk_client, args=(gw, job_id, waited, long_poll,
+                                                              job_seconds + 60))]
     for t in threads:
         t.start()
     for t in threads:

@@ -35,6 +35,7 @@ from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 from sqlalchemy.types import TypeDecorator
+from stitchsim_service.core.nowait import NoWaitReads
 
 
 def utcnow() -> datetime:
@@ -198,6 +199,8 @@ class Database:
             self._write_engine = self.engine.execution_options(sqlite_begin="IMMEDIATE")
         else:
             self._write_engine = self.engine
+        self.nowait = NoWaitReads(url, self.engine.dialect)
+        """lookup for a caller on an event loop: never waits, BUSY when it would."""
         self._read = sessionmaker(self.engine, expire_on_commit=False)
         self._write = sessionmaker(self._write_engine, expire_on_commit=False)
         self.pid = os.getpid()

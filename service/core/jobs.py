@@ -34,6 +34,7 @@ from stitchsim_service.core import quotas
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.db import JobRow, utcnow
 from stitchsim_service.core.errors import NotFoundError
+from stitchsim_service.core.nowait import BUSY
 from stitchsim_service.core.store import is_job_id
 
 log = logging.getLogger("stitchsim.jobs")
@@ -176,6 +177,19 @@ def find_job(ctx: Context, owner: str, job_id: str) -> Any:
     """get_job for reads that only look (status polls): a light row with JobRow's columns as
     attributes (a Core read: no ORM session, about half the cost), not_found as get_job."""
     row = ctx.db.lookup(JobRow.__table__, job_id) if is_job_id(job_id) else None  # type: ignore[arg-type]
+    return _owned(row, owner, job_id)
+
+
+def find_job_nowait(ctx: Context, owner: str, job_id: str) -> Any:
+    """find_job on the caller's thread (an event loop's) without waiting for anything: the row,
+    not_found, or BUSY (from core.nowait), and then the caller runs find_job in a thread."""
+    if not is_job_id(job_id):
+        raise NotFoundError("job", job_id)
+    row = ctx.db.nowait.lookup(JobRow.__table__, job_id)  # type: ignore[arg-type]
+    return row if row is BUSY else _owned(row, owner, job_id)
+
+
+def _owned(row: Any, owner: str, job_id: str) -> Any:
     if row is None or row.owner != owner:
         raise NotFoundError("job", job_id)
     return row

@@ -71,11 +71,13 @@ _NO_KEY_MESSAGE = (
 
 async def get_owner(
     request: Request,
-    ctx: Context = Depends(get_ctx),
     bearer: HTTPAuthorizationCredentials | None = Depends(_bearer),
     header_key: str | None = Depends(_header),
 ) -> str:
     """The owner id everything this request touches is scoped to."""
+    # The context straight from the app, not as a sub-dependency: every keyed request solves
+    # this one, and each dependency FastAPI solves costs more than the attribute read.
+    ctx: Context = request.app.state.ctx
     key = bearer.credentials if bearer else header_key
     client = request.client.host if request.client else None
     # A client from beyond loopback always needs a key, even when the bind address looked

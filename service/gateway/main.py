@@ -81,7 +81,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(DisconnectMiddleware)
     # Every route that needs a key can answer 401, and 503 when the job table or store is down.
     keyed = {s: {"model": ErrorBody} for s in (401, 503)}
-    for r in (checkpoints.router, datasets.router, similarity.router, jobs.router,
+    # Routes are matched in order: the status polls' router first, as the most requested.
+    for r in (jobs.router, checkpoints.router, datasets.router, similarity.router,
               usage.router):
         app.include_router(r, responses=keyed)  # type: ignore[arg-type]
     app.include_router(health.router)

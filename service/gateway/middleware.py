@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
+from typing import Any
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -38,6 +39,13 @@ class HTTPMiddleware(ABC):
 class MetricsMiddleware(HTTPMiddleware):
     """Counts and times every request."""
 
+    def __init__(self, app: ASGIApp) -> None:
+        super().__init__(app)
+        # Each label set's counter and histogram, looked up once: labels() takes a lock and
+        # builds its key on every call, a cost each status poll paid twice. Bounded by routes
+        # × methods × statuses.
+        self._series: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         start = time.perf_counter()
         status = 500
@@ -58,8 +66,12 @@ class MetricsMiddleware(HTTPMiddleware):
             # The route template, not the raw path, so job ids do not explode the label space.
             name = scope.get(METRICS_ROUTE) or getattr(route, "path", "unmatched")
             method = scope.get("method", "")
-            REQUESTS.labels(method, name, str(status)).inc()
-            LATENCY.labels(method, name).observe(time.perf_counter() - start)
+            series = self._series.get((method, name, status))
+            if series is None:
+                series = self._series[method, name, status] = (
+                    REQUESTS.labels(method, name, str(status)), LATENCY.labels(method, name))
+            series[0].inc()
+            series[1].observe(time.perf_counter() - start)
 
 
 class DisconnectMiddleware(HTTPMiddleware):

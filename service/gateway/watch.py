@@ -37,6 +37,31 @@ class Snapshot:
         return cls(body, jobs.status_etag(body), row.state in TERMINAL_STATES)
 
 
+class Snapshots:
+    """The snapshot last rendered per job, with the row it was rendered from: a status read
+    again with every column as before (many clients polling one job, polls between two
+    heartbeats) is answered with the same bytes, without building its JobStatus again. One
+    per gateway process, shared by the status route and the watcher; a row with any column
+    changed is rendered anew, so nothing here can be stale."""
+
+    MAX_JOBS = 2000
+    """Jobs kept at most (a few KB each): beyond, the cache starts again empty."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, tuple[tuple[Any, ...], Snapshot]] = {}
+
+    def of(self, row: Any) -> Snapshot:
+        raw = tuple(row)
+        seen = self._items.get(row.id)
+        if seen is not None and seen[0] == raw:
+            return seen[1]
+        snapshot = Snapshot.of(row)
+        if len(self._items) >= self.MAX_JOBS:
+            self._items.clear()
+        self._items[row.id] = (raw, snapshot)
+        return snapshot
+
+
 class JobGone(Exception):
     """The watched job's row is no longer in the table."""
 
@@ -54,9 +79,7 @@ class JobWatcher:
         self.ctx = ctx
         self.interval_s = interval_s
         self._waiters: dict[str, list[_Waiter]] = {}
-        # Per watched job: the raw row last read and its snapshot, so a row that only moved
-        # its heartbeat is not rendered again.
-        self._seen: dict[str, tuple[tuple[Any, ...], Snapshot]] = {}
+        self.snapshots = Snapshots()
         self._task: asyncio.Task[None] | None = None
 
     async def changed(self, job_id: str, etag: str, timeout: float) -> Snapshot | None:
@@ -84,7 +107,6 @@ class JobWatcher:
             waiters.remove(waiter)
         if not waiters:
             del self._waiters[job_id]
-            self._seen.pop(job_id, None)
 
     async def _run(self) -> None:
         # Ends when nobody waits; the next waiter starts it again. Nothing awaits between the
@@ -115,16 +137,7 @@ class JobWatcher:
                     if not w.future.done():
                         w.future.set_exception(JobGone(job_id))
                 continue
-            snapshot = self._snapshot(job_id, row)
+            snapshot = self.snapshots.of(row)
             for w in list(waiters):
                 if w.etag != snapshot.etag and not w.future.done():
                     w.future.set_result(snapshot)
-
-    def _snapshot(self, job_id: str, row: Any) -> Snapshot:
-        raw = tuple(row)
-        seen = self._seen.get(job_id)
-        if seen is not None and seen[0] == raw:
-            return seen[1]
-        snapshot = Snapshot.of(row)
-        self._seen[job_id] = (raw, snapshot)
-        return snapshot

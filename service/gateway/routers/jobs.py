@@ -22,6 +22,7 @@ from stitchsim.models import ErrorBody, JobList, JobState, JobStatus, Report
 from stitchsim_service.core import jobs
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.errors import NotFoundError
+from stitchsim_service.core.nowait import BUSY
 from stitchsim_service.core.store import is_job_id
 from stitchsim_service.gateway.deps import get_ctx, get_owner, get_watcher
 from stitchsim_service.gateway.middleware import METRICS_ROUTE
@@ -83,7 +84,6 @@ def list_jobs(
 async def get_job(
     job_id: str,
     request: Request,
-    ctx: Context = Depends(get_ctx),
     owner: str = Depends(get_owner),
     wait: float | None = Query(
         None, ge=0, allow_inf_nan=False,
@@ -94,8 +94,14 @@ async def get_job(
     if_none_match: str | None = Header(
         None, description="ETag of the status the client has: 304 while it is current"),
 ) -> Response:
-    row = await to_thread.run_sync(jobs.find_job, ctx, owner, job_id)
-    now = Snapshot.of(row)
+    # The row on the loop's thread when that needs no waiting (the embedded table, nearly
+    # always), else in a worker thread: the hop costs more than the read (core.nowait).
+    ctx: Context = request.app.state.ctx  # not a dependency: see deps.get_owner
+    row = jobs.find_job_nowait(ctx, owner, job_id)
+    if row is BUSY:
+        row = await to_thread.run_sync(jobs.find_job, ctx, owner, job_id)
+    watcher: JobWatcher = request.app.state.watcher
+    now = watcher.snapshots.of(row)
     if not if_none_match or not etag_matches(if_none_match, now.etag):
         return _status(now)
     if wait and not now.terminal:
@@ -103,8 +109,8 @@ async def get_job(
         # readable in /metrics.
         request.scope[METRICS_ROUTE] = f"{_ROUTE}?wait"
         try:
-            changed = await _wait_for_change(request, await get_watcher(request), job_id,
-                                             now.etag, min(wait, MAX_WAIT_S))
+            changed = await _wait_for_change(request, watcher, job_id, now.etag,
+                                             min(wait, MAX_WAIT_S))
         except JobGone:
             raise NotFoundError("job", job_id) from None
         if changed is not None:
@@ -123,7 +129,7 @@ async def job_events(
         None, description="id of the last event received: the stream resumes after it"),
 ) -> EventStream:
     row = await to_thread.run_sync(jobs.find_job, ctx, owner, job_id)
-    return EventStream(_events(watcher, job_id, Snapshot.of(row), last_event_id),
+    return EventStream(_events(watcher, job_id, watcher.snapshots.of(row), last_event_id),
                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
