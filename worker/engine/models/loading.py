@@ -15,6 +15,7 @@ from stitchsim.failure import Failure
 from stitchsim.files.model_config import CONFIG_FILE, InvalidModelConfig, ModelConfig, from_metadata
 from stitchsim.models import ModelRef
 from stitchsim_worker.engine.measures.outputs import detect_kind
+from stitchsim_worker.engine.models import autoencoder as _autoencoder  # noqa: F401 - registers it
 from stitchsim_worker.engine.models.preprocess import (
     Choice,
     Preprocess,
