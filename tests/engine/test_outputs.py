@@ -22,35 +22,11 @@ from stitchsim_worker.engine.measures.pseudo import pseudo_classes
 from stitchsim_worker.engine.models.autoencoder import AUTOENCODER
 from stitchsim_worker.engine.models.builtin import architectures
 from stitchsim_worker.engine.models.loading import save_checkpoint
-from stitchsim_worker.engine.models.zoo import make_autoencoder_checkpoint
 
 from tests.engine.jobs import TINY, layers, rows, run, spec
 from tests.engine.model_folders import CLIP_VISION, DINOV2, hf_folder, packed
-from tests.fixtures_models import TRAINING_CODE, cached_model
 
-AE_TRAINING = {"epochs": 4, "arch_kwargs": {"width": 8, "latent": 8}}
 FIT = {"epochs": 2, "max_train_samples": 200, "max_test_samples": 120}
-
-
-AE_CODE = [*TRAINING_CODE, "worker/engine/models/autoencoder.py"]
-
-
-@pytest.fixture(scope="module")
-def autoencoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The conv autoencoder trained on digits and on shapes (a few epochs: enough to draw),
-    from the fixture cache once trained."""
-    root = tmp_path_factory.mktemp("autoencoders")
-    out = {}
-    for task in ("digits", "shapes"):
-        out[task] = root / f"ae_{task}.safetensors"
-
-        def build(path: Path, task: str = task) -> dict[str, float]:
-            return {"test_relative_error": make_autoencoder_checkpoint(path, task,
-                                                                       **AE_TRAINING)}
-
-        cached_model(f"autoencoder_{task}", {"task": task, **AE_TRAINING}, AE_CODE, build,
-                     out[task])
-    return out
 
 
 def test_the_engine_has_one_entry_per_output_kind_and_detects_them() -> None:
