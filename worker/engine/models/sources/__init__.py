@@ -81,6 +81,9 @@ class SourceEntry:
     load: Callable[[nn.Module, Path, int], None] | None = None
     """Loads a checkpoint of layout k (an index into layouts) into the network; None: a
     strict load_state_dict of the file's tensors (layout 0)."""
+    preload: Callable[[], object] | None = None
+    """Imports what the source imports on first use (a library, its registries), so a
+    long-lived worker process pays that before its first check, not during it."""
 
 
 def own_layout(net: nn.Module) -> Shapes:
