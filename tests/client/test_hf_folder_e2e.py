@@ -3,7 +3,7 @@
 passed as they are, with no --arch and no config flags, through the real gateway and workers
 (`stitchsim-server serve`). The job is small (one stitch pair, dm, one epoch on 64 samples):
 what is tested is that the folders are packed, stored with their config, built by the
-transformers source and compared."""
+transformers source and compared (the models being untrained, without a verdict)."""
 
 from __future__ import annotations
 
@@ -34,9 +34,12 @@ def test_check_compares_two_save_pretrained_folders_with_no_model_flags(
     run = stitchsim("check", str(vit), str(convnext), *service_args(live_service),
                     "--threshold", str(THRESHOLD), *SMALL_JOB, "--json", str(out),
                     "--timeout", "240")
-    assert run.code in (0, 1), run.err
+    assert out.is_file(), run.err
     report = Report.model_validate_json(out.read_text())
-    assert run.code == (0 if report.summary.similarity >= THRESHOLD else 1)
+    # Random weights: both models guess on digits, so the engine withholds the verdict and
+    # says why; `check` exits 2 (the figures cannot be trusted), not 0 or 1.
+    assert report.front.near_chance and report.verdict is None and report.verdict_reason
+    assert run.code == 2 and f"NO VERDICT: {report.verdict_reason}" in run.out, run.err
     front, back = report.front, report.back
     assert front.arch == "transformers:ViTForImageClassification"
     assert back.arch == "transformers:ConvNextForImageClassification"
