@@ -8,7 +8,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-pytest_plugins = ["tests.fixtures_models", "tests.fixtures_service"]
+pytest_plugins = ["tests.fixtures_models", "tests.fixtures_service", "tests.engine.autoencoders"]
 
 
 def pytest_collection_modifyitems(items: list) -> None:  # type: ignore[type-arg]

@@ -60,12 +60,21 @@ def _child_init(**_: Any) -> None:
         # Forked when a task arrives and gone when idle: the task's own imports load the
         # engine, and an idle worker holds no torch at all.
         return
-    # Kept for the worker's life: import the engine (torch, timm) now, after the fork, so the
-    # parent stays light and never initialises CUDA, and the first task does not pay for it.
+    # Kept for the worker's life: import the engine (torch, timm) and what its first check
+    # imports on first use (transformers, torchvision's registry, the built-in data's loader)
+    # now, after the fork, so the parent stays light and never initialises CUDA, and the first
+    # task does not pay for it: a cold transformers import would take much of a spec check's
+    # time limit.
     try:
         import stitchsim_worker.engine  # noqa: F401
+        from stitchsim_worker.engine.warm import warm_up
+
+        took = warm_up()
     except Exception as exc:
         log.error("the engine cannot be imported: %s", exc)
+        return
+    log.info("pool process %d warmed up: %s", os.getpid(),
+             ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items()))
 
 
 def _limit_memory(limit: int | None) -> None:

@@ -13,6 +13,11 @@ from stitchsim_worker.engine.models.loading import save_checkpoint
 
 VIT = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
        "intermediate_size": 64, "image_size": 32, "patch_size": 8, "num_labels": 10}
+# Embedders: pooled output (the CLS token after the last norm), no classifier head.
+DINOV2 = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+          "intermediate_size": 64, "image_size": 32, "patch_size": 8}
+CLIP_VISION = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+               "intermediate_size": 64, "image_size": 32, "patch_size": 8}
 CONVNEXT = {"hidden_sizes": [8, 16], "depths": [1, 1], "num_stages": 2, "num_labels": 10,
             "image_size": 32}
 

@@ -22,23 +22,11 @@ from stitchsim_worker.engine.measures.pseudo import pseudo_classes
 from stitchsim_worker.engine.models.autoencoder import AUTOENCODER
 from stitchsim_worker.engine.models.builtin import architectures
 from stitchsim_worker.engine.models.loading import save_checkpoint
-from stitchsim_worker.engine.models.zoo import make_autoencoder_checkpoint
 
 from tests.engine.jobs import TINY, layers, rows, run, spec
+from tests.engine.model_folders import CLIP_VISION, DINOV2, hf_folder, packed
 
-AE_TRAINING = {"epochs": 4, "arch_kwargs": {"width": 8, "latent": 8}}
 FIT = {"epochs": 2, "max_train_samples": 200, "max_test_samples": 120}
-
-
-@pytest.fixture(scope="module")
-def autoencoders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The conv autoencoder trained on digits and on shapes (a few epochs: enough to draw)."""
-    root = tmp_path_factory.mktemp("autoencoders")
-    out = {}
-    for task in ("digits", "shapes"):
-        out[task] = root / f"ae_{task}.safetensors"
-        make_autoencoder_checkpoint(out[task], task, **AE_TRAINING)
-    return out
 
 
 def test_the_engine_has_one_entry_per_output_kind_and_detects_them() -> None:
@@ -46,7 +34,7 @@ def test_the_engine_has_one_entry_per_output_kind_and_detects_them() -> None:
     assert detect_kind((10,), 10) == "logits"
     assert detect_kind((64,), 0) == "embedding"
     assert detect_kind((3, 32, 32), 0) == "image"
-    assert AUTOENCODER in architectures()
+    assert AUTOENCODER == "stitchsim:conv_autoencoder" and "conv_autoencoder" in architectures()
 
 
 @pytest.mark.parametrize("kind", ["embedding", "image"])
@@ -134,6 +122,31 @@ def test_class_score_objectives_are_refused_for_a_model_without_classes(
     assert e.value.code == "invalid_spec" and "objective hlm" in e.value.message
 
 
+def test_a_checkpoint_naming_the_autoencoder_without_its_source_still_builds(
+    tmp_path: Path, autoencoders: dict[str, Path],
+) -> None:
+    """Checkpoints saved before the project's own source say `arch: conv_autoencoder`: timm
+    does not know the name, so it falls to the project's own architectures."""
+    from safetensors import safe_open
+    from stitchsim.models import ModelRef
+    from stitchsim_worker.engine.models.loading import build_model
+
+    with safe_open(str(autoencoders["digits"]), framework="pt") as f:
+        meta = {**f.metadata(), "arch": "conv_autoencoder"}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no iter
+    legacy = tmp_path / "legacy.safetensors"
+    save_file(tensors, str(legacy), metadata=meta)
+    loaded = {}
+    for name, path in (("legacy", legacy), ("current", autoencoders["digits"])):
+        loaded[name] = build_model(ModelRef(checkpoint={"path": str(path)}), path, "",
+                                   where="back", native_size=32)
+        assert loaded[name].source == "stitchsim" and loaded[name].output == "image"
+    assert not timm.is_model("conv_autoencoder")  # no bridge into timm's registry
+    x = torch.rand(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded["legacy"](x), loaded["current"](x))
+
+
 def test_an_autoencoder_stitched_into_itself_reconstructs_as_it_does(
     tmp_path: Path, autoencoders: dict[str, Path],
 ) -> None:
@@ -142,6 +155,7 @@ def test_an_autoencoder_stitched_into_itself_reconstructs_as_it_does(
              layers=layers("encoder"), train=FIT)
     report = run(s, tmp_path)
     assert report.back.output == "image" and report.back.output_source == "metadata"
+    assert report.back.arch == AUTOENCODER and report.back.source == "stitchsim"
     assert report.back.preprocess is not None and report.back.preprocess.name == "none"
     (dm,) = rows(report, control="identity", objective="dm")
     assert dm.agreement >= 0.99 and dm.psnr is not None and dm.psnr > 35
@@ -178,38 +192,50 @@ def test_the_autoencoder_experiment_draws_the_back_task_from_the_front_tasks_inp
     assert "1 - relative error" in page and "PSNR" in page
 
 
-class _PooledDinov2(torch.nn.Module):
-    """A transformers Dinov2Model from a tiny config (random weights, no download), read as an
-    embedder: its pooled output (the CLS token after the last norm)."""
-
-    num_classes = 0
-
-    def __init__(self) -> None:
-        super().__init__()
-        from transformers import Dinov2Config, Dinov2Model
-
-        self.model = Dinov2Model(Dinov2Config(
-            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-            image_size=32, patch_size=8))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.model(pixel_values=x).pooler_output
+@pytest.fixture(scope="module")
+def hf_embedders(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A Dinov2Model and a CLIPVisionModel from tiny configs (random weights), saved with
+    save_pretrained and packed as the SDK uploads a folder."""
+    tmp = tmp_path_factory.mktemp("hf_embedders")
+    return {"dinov2": packed(hf_folder(tmp, "Dinov2Model", DINOV2)),
+            "clip": packed(hf_folder(tmp, "CLIPVisionModel", CLIP_VISION))}
 
 
-def test_a_transformers_dinov2_embedder_stitched_into_itself_agrees(tmp_path: Path) -> None:
-    # Built through the timm bridge of the autoencoder module: the transformers model source
-    # (branch `sources`) is not on this branch; with it, the same Dinov2Model loads from its
-    # save_pretrained folder instead.
-    from stitchsim_worker.engine.models.autoencoder import _expose_to_timm
-
-    if not timm.is_model("test_dinov2_embedder"):
-        _expose_to_timm("test_dinov2_embedder", _PooledDinov2)
-    torch.manual_seed(0)
-    ckpt = tmp_path / "dinov2.safetensors"
-    save_checkpoint(_PooledDinov2(), ckpt, "test_dinov2_embedder", {}, preprocess="none")
-    s = spec(ckpt, ckpt, objectives=["dm"], protocols=["standard"], controls=["identity"],
-             layers=layers("model.encoder.layer.0"), train=TINY)
+def test_a_transformers_dinov2_folder_is_an_embedder_that_agrees_with_itself(
+    tmp_path: Path, hf_embedders: dict[str, Path],
+) -> None:
+    dinov2 = hf_embedders["dinov2"]
+    s = spec(dinov2, dinov2, objectives=["dm"], protocols=["standard"], controls=["identity"],
+             layers=layers("encoder.layer.0"), train=TINY)
     report = run(s, tmp_path / "cache")
-    assert report.back.output == "embedding" and report.back.accuracy is None
-    (dm,) = rows(report, control="identity", objective="dm")
-    assert dm.agreement >= 0.99 and dm.hard_agreement >= 0.95
+    assert report.back.arch == "transformers:Dinov2Model" and report.back.source == "transformers"
+    assert report.back.source_metadata["layout"] == "transformers"
+    assert report.back.output == "embedding" and report.back.output_source == "detected"
+    assert report.back.accuracy is None
+    for dm in rows(report, objective="dm"):
+        assert dm.agreement >= 0.99 and dm.hard_agreement >= 0.95
+
+
+def test_a_clip_vision_encoder_is_an_embedder_another_model_stitches_into(
+    tmp_path: Path, hf_embedders: dict[str, Path],
+) -> None:
+    """Dinov2 into CLIP: CLIP's identity is the ceiling; the cross-model stitch retrieves its
+    own input's CLIP embedding far more often than the clustered-noise floor (or chance) does.
+    Random-weight transformers' pooled outputs share most of their direction, so the mean
+    cosine is high for any stitch: retrieval is the figure that needs the input."""
+    s = spec(hf_embedders["dinov2"], hf_embedders["clip"], objectives=["dm"],
+             protocols=["standard"], controls=["identity", "clustered_noise"],
+             layers=[{"front": "encoder.layer.1", "back": "encoder.layers.0"}], train=TINY,
+             control_settings={"noise_sigmas": [0.3]})
+    report = run(s, tmp_path / "cache")
+    assert report.back.arch == "transformers:CLIPVisionModel"
+    assert report.back.output == "embedding" and report.back.output_source == "detected"
+    (ceiling,) = rows(report, control="identity")
+    assert ceiling.agreement >= 0.99 and ceiling.hard_agreement >= 0.95
+    (stitched,) = rows(report, control=None)
+    (floor,) = rows(report, control="clustered_noise")
+    chance = 1 / TINY["max_test_samples"]
+    assert stitched.output == "embedding" and 0 <= stitched.agreement <= 1
+    assert stitched.agreement > floor.agreement
+    assert stitched.hard_agreement >= 5 * chance
+    assert stitched.hard_agreement >= floor.hard_agreement + 4 * chance

@@ -185,3 +185,15 @@ def test_the_submission_check_builds_every_source_on_the_meta_device(
     checked = check_spec(spec(models["test_resnet"], tv, layers="auto"),
                          resources=Resources(cache_dir=tmp_path))
     assert checked.units > 0
+
+
+def test_a_worker_warm_up_imports_what_each_sources_first_build_would() -> None:
+    import sys
+
+    from stitchsim_worker.engine.warm import warm_up
+
+    took = warm_up()
+    assert {"torchvision", "transformers", "builtin data"} <= set(took)
+    for module in ("transformers.modeling_utils", "transformers.models.auto.modeling_auto",
+                   "sklearn.datasets"):
+        assert module in sys.modules, module

@@ -1,21 +1,18 @@
 """The convolutional autoencoder of "Functional Alignment Can Mislead"'s encoder -> decoder
-experiment, registered among the project's own architectures (builtin.py, the `stitchsim`
-model source).
-
-Until that source is merged the architecture is also named in timm's registry
-(`_expose_to_timm`), so a checkpoint whose metadata says `arch: conv_autoencoder` builds
-through the timm path; the bridge goes when the source reads builtin.py.
-"""
+experiment, registered among the project's own architectures (builtin.py): the `stitchsim`
+model source builds it as `stitchsim:conv_autoencoder`. Checkpoints saved before the source
+existed say `arch: conv_autoencoder`; that plain name still reaches it (models.sources:
+a plain name timm does not know falls to the project's own)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-from stitchsim_worker.engine.models.builtin import Builder, register_architecture
+from stitchsim_worker.engine.models.builtin import register_architecture
 from torch import nn
 
-AUTOENCODER = "conv_autoencoder"
+NAME = "conv_autoencoder"
+AUTOENCODER = f"stitchsim:{NAME}"
+"""The arch its checkpoints name."""
 
 
 class ConvAutoencoder(nn.Module):
@@ -47,20 +44,4 @@ class ConvAutoencoder(nn.Module):
         return self.decoder(self.encoder(x))
 
 
-def _expose_to_timm(name: str, builder: Builder) -> None:
-    from timm.models import register_model
-
-    def create(pretrained: bool = False, **kwargs: Any) -> nn.Module:
-        if pretrained:
-            raise ValueError(f"{name} has no pretrained weights")
-        for key in ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir"):
-            kwargs.pop(key, None)  # timm passes its own config entries
-        return builder(**kwargs)
-
-    create.__name__ = name
-    create.__module__ = __name__
-    register_model(create)
-
-
-register_architecture(AUTOENCODER, ConvAutoencoder)
-_expose_to_timm(AUTOENCODER, ConvAutoencoder)
+register_architecture(NAME, ConvAutoencoder)

@@ -27,6 +27,7 @@ Shapes = dict[str, tuple[int, ...]]
 Candidate = tuple[str, Triple, Triple]
 IMAGENET: Candidate = ("imagenet", (0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
 MAX_LISTED = 8
+OWN = "stitchsim"
 # arch_kwargs that would make a source download weights or read a path.
 FORBIDDEN_KWARGS = frozenset({"pretrained", "pretrained_cfg_overlay", "checkpoint_path",
                               "pretrained_cfg", "weights", "progress", "trust_remote_code",
@@ -80,6 +81,9 @@ class SourceEntry:
     load: Callable[[nn.Module, Path, int], None] | None = None
     """Loads a checkpoint of layout k (an index into layouts) into the network; None: a
     strict load_state_dict of the file's tensors (layout 0)."""
+    preload: Callable[[], object] | None = None
+    """Imports what the source imports on first use (a library, its registries), so a
+    long-lived worker process pays that before its first check, not during it."""
 
 
 def own_layout(net: nn.Module) -> Shapes:
@@ -122,6 +126,10 @@ def source_of(arch: str, where: str) -> tuple[SourceEntry, str]:
                       f"{where}: {arch!r} names no model source; write a timm name or one of "
                       f"{prefixes} (no hub downloads, no paths)")
     entry = SOURCES[source]
+    if ":" not in arch and not entry.knows(name) and SOURCES[OWN].knows(name):
+        # The project's own architectures went by plain names before they had a source
+        # (checkpoints say `arch: conv_autoencoder`): a name timm lacks falls to them.
+        entry = SOURCES[OWN]
     if not entry.knows(name):
         close = entry.similar(name)[:MAX_LISTED]
         hint = f"; similar names: {', '.join(close)}" if close else ""

@@ -22,8 +22,12 @@ from importlib.metadata import entry_points
 from typing import Any
 
 from stitchsim.failure import Failure
-from stitchsim_worker.engine.models import builtin
+from stitchsim_worker.engine.models import (
+    autoencoder as _autoencoder,  # noqa: F401 - registers it
+    builtin,
+)
 from stitchsim_worker.engine.models.sources import (
+    OWN,
     Build,
     Candidate,
     SourceEntry,
@@ -77,7 +81,7 @@ def _describe(label: str) -> Callable[[nn.Module, Build], SourceInfo]:
 
 
 register_source(SourceEntry(
-    name="stitchsim",
+    name=OWN,
     build=lambda b: _call(builtin.architectures()[b.name], b, "stitchsim architecture"),
     knows=lambda n: n in builtin.architectures(),
     similar=lambda n: difflib.get_close_matches(n, list(builtin.architectures()), n=8),

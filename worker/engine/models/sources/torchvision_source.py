@@ -73,4 +73,4 @@ def _describe(net: nn.Module, b: Build) -> SourceInfo:
 register_source(SourceEntry(
     name="torchvision", build=_build, knows=lambda n: n in _names(),
     similar=lambda n: difflib.get_close_matches(n, _names(), n=8, cutoff=0.4),
-    describe=_describe, listing=lambda: list(_names())))
+    describe=_describe, listing=lambda: list(_names()), preload=_names))

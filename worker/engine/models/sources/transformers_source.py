@@ -3,7 +3,9 @@ random weights from the checkpoint's config.json (save_pretrained's folder) or f
 as config fields. Never remote code (auto_map is refused before this runs), never a hub
 download: the config comes from the upload, the weights from the checkpoint.
 
-The library is imported on first use only: it takes seconds, and most jobs are timm's."""
+The library is imported on first use only: it takes seconds, and most jobs are timm's. A
+long-lived worker process imports it at start (`preload`), so the first spec check of a
+transformers folder does not spend its time limit on imports."""
 
 from __future__ import annotations
 
@@ -176,7 +178,27 @@ def _describe(net: nn.Module, b: Build) -> SourceInfo:
     )
 
 
+def _preload() -> None:
+    # The library, its model registries and the modelling base every class imports: what
+    # the first build of any class otherwise imports (a class's own module is a fraction).
+    import importlib
+
+    import transformers.modeling_utils  # noqa: F401
+    from transformers import CONFIG_MAPPING  # noqa: F401
+
+    _classes()
+    # What every class's module and the save_pretrained layouts (_layouts) import besides;
+    # named by release, so a module another release lacks is skipped.
+    for module in ("modeling_layers", "core_model_loading", "conversion_mapping",
+                   "processing_utils"):
+        try:
+            importlib.import_module(f"transformers.{module}")
+        except ImportError:
+            continue
+
+
 register_source(SourceEntry(
     name="transformers", build=_build, knows=lambda n: n in _classes(),
     similar=lambda n: difflib.get_close_matches(n, list(_classes()), n=8, cutoff=0.5),
-    describe=_describe, listing=lambda: sorted(_classes()), layouts=_layouts, load=_load))
+    describe=_describe, listing=lambda: sorted(_classes()), layouts=_layouts, load=_load,
+    preload=_preload))
