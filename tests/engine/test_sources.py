@@ -197,3 +197,28 @@ def test_a_worker_warm_up_imports_what_each_sources_first_build_would() -> None:
     for module in ("transformers.modeling_utils", "transformers.models.auto.modeling_auto",
                    "sklearn.datasets"):
         assert module in sys.modules, module
+
+
+@pytest.mark.parametrize("arch", ["torchvision:resnet18", "torchvision:mobilenet_v3_small",
+                                  "test_resnet"])
+def test_a_bare_state_dict_gets_its_class_count_from_its_head(tmp_path: Path, arch: str) -> None:
+    """A fine-tuned model saved as a bare state dict (no metadata) with only its architecture
+    named: the head's rows say 7 classes, and the same file's weights load exactly."""
+    from safetensors.torch import save_file
+    from stitchsim_worker.engine.models.loading import random_model
+
+    net = random_model(arch, {"num_classes": 7}).net
+    path = tmp_path / "bare.safetensors"
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, str(path))
+    model = _build(path, arch=arch, preprocess="none")
+    assert model.num_classes == 7 and model.arch_kwargs == {"num_classes": 7}
+    x = torch.rand(2, 3, 32, 32)
+    assert torch.equal(model.net(x), net(x))
+    # A checkpoint that differs beyond its head is still refused, naming the keys.
+    shapes = {k: v.contiguous() for k, v in net.state_dict().items()}
+    first = next(k for k, v in shapes.items() if v.dim() == 4)
+    shapes[first] = torch.zeros(1, *shapes[first].shape[1:])
+    save_file(shapes, str(path))
+    with pytest.raises(Failure, match="weights_mismatch|does not fit") as e:
+        _build(path, arch=arch, preprocess="none")
+    assert first in e.value.message

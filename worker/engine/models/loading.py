@@ -4,6 +4,7 @@ timm, torchvision, transformers, the project's own, plugins), with their input p
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from stitchsim.files.model_config import CONFIG_FILE, InvalidModelConfig, ModelC
 from stitchsim.models import ModelRef
 from stitchsim_worker.engine.measures.outputs import detect_kind
 from stitchsim_worker.engine.models import autoencoder as _autoencoder  # noqa: F401 - registers it
+from stitchsim_worker.engine.models.heads import head_classes
 from stitchsim_worker.engine.models.preprocess import (
     Choice,
     Preprocess,
@@ -31,6 +33,8 @@ from stitchsim_worker.engine.models.sources import (
     source_of,
 )
 from torch import nn
+
+log = logging.getLogger("stitchsim.engine")
 
 # Lists in error messages are cut here; a 500-key diff helps nobody.
 _MAX_LISTED = 8
@@ -264,18 +268,32 @@ def detect_output(net: nn.Module, size: int, arch: str) -> str:
                       ) from e
 
 
-def _made(ref: ModelRef, meta: dict[str, str], where: str, *, on_meta: bool
+def _made(ref: ModelRef, meta: dict[str, str], where: str, *, on_meta: bool,
+          ckpt: Shapes | None = None
           ) -> tuple[nn.Module, str, dict[str, Any], SourceEntry, SourceInfo]:
-    """The architecture the spec, metadata or config.json name, built with random weights."""
+    """The architecture the spec, metadata or config.json name, built with random weights;
+    with the checkpoint's shapes, its head sized to the checkpoint's classes when no kwargs
+    or config say how many (heads.py)."""
     config = folder_config(meta, where)
     arch, kwargs = resolve_arch(ref, meta, where, config)
     entry, build = _build_spec(arch, kwargs, config, where)
+    net = _built(entry, build, on_meta)
+    classes = (head_classes(net, ckpt) if ckpt is not None and config is None
+               and "num_classes" not in kwargs else None)
+    if classes is not None:
+        sized = Build(build.name, {**kwargs, "num_classes": classes}, build.config, where)
+        try:
+            net, kwargs, build = _built(entry, sized, on_meta), sized.kwargs, sized
+        except Exception:  # noqa: BLE001 - a source without num_classes: _check_fit says why
+            log.info("%s: %s takes no num_classes=%d", where, arch, classes)
+    return net, arch, kwargs, entry, entry.describe(net, build)
+
+
+def _built(entry: SourceEntry, build: Build, on_meta: bool) -> nn.Module:
     if on_meta:
         with torch.device("meta"):
-            net = entry.build(build)
-    else:
-        net = entry.build(build)
-    return net, arch, kwargs, entry, entry.describe(net, build)
+            return entry.build(build)
+    return entry.build(build)
 
 
 def random_model(arch: str, kwargs: dict[str, Any], native_size: int = 32) -> LoadedModel:
@@ -291,8 +309,8 @@ def build_model(
 ) -> LoadedModel:
     """Build the architecture with its source, load the checkpoint strictly, freeze it."""
     meta = read_metadata(path)
-    net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=False)
     shapes = _strip_wrapper_prefix(_read(path, where, shapes_only=True))
+    net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=False, ckpt=shapes)
     layout = _check_fit(net, shapes, arch, kwargs, where, meta, entry)
     if layout and entry.load is not None:
         entry.load(net, path, layout)
@@ -310,9 +328,9 @@ def meta_model(ref: ModelRef, path: Path, *, where: str, native_size: int) -> Lo
     file's header, preprocessing, input size) at the cost of reading a header. Parameters
     take no memory."""
     meta = read_metadata(path)
-    net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=True)
-    _check_fit(net, _strip_wrapper_prefix(_read(path, where, shapes_only=True)), arch, kwargs,
-               where, meta, entry)
+    shapes = _strip_wrapper_prefix(_read(path, where, shapes_only=True))
+    net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=True, ckpt=shapes)
+    _check_fit(net, shapes, arch, kwargs, where, meta, entry)
     return _loaded(net, arch, kwargs, path.name, _choice(ref, meta, info, native_size, where),
                    entry.name, info, given_output(ref, meta, where))
 
