@@ -26,8 +26,13 @@ class LoadFigures:
     throttled_without_retry_after: int = 0
     other: Counter[str] = field(default_factory=Counter)  # "status code" -> count
     submit_ms: list[float] = field(default_factory=list)
+    submit_retries: Counter[str] = field(default_factory=Counter)  # see poll_retries
     poll_ms: list[float] = field(default_factory=list)
     poll_errors: Counter[str] = field(default_factory=Counter)
+    # Polls sent again once after the connection they were sent on dropped before any answer
+    # (a keep-alive connection the server closed as the client reused it): GET is idempotent,
+    # the retry is counted here, and a retry that fails too is a poll error.
+    poll_retries: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
 
     @property
@@ -42,11 +47,12 @@ class LoadFigures:
             + " ".join(f"{k}={len(v)}" for k, v in sorted(self.accepted.items())),
             f"  throttled (429)  {self.throttled}  (without Retry-After: "
             f"{self.throttled_without_retry_after})",
-            f"  anything else    {sum(self.other.values())}  {dict(self.other)}",
+            f"  anything else    {sum(self.other.values())}  {dict(self.other)}  "
+            f"sent again {dict(self.submit_retries)}",
             f"  submit latency   p50 {pct(self.submit_ms, 50):.0f} ms  "
             f"p99 {pct(self.submit_ms, 99):.0f} ms",
             f"status polls       {len(self.poll_ms)}  errors {sum(self.poll_errors.values())} "
-            f"{dict(self.poll_errors)}",
+            f"{dict(self.poll_errors)}  sent again {dict(self.poll_retries)}",
             f"  poll latency     p50 {pct(self.poll_ms, 50):.0f} ms  "
             f"p99 {pct(self.poll_ms, 99):.0f} ms  max {max(self.poll_ms, default=0):.0f} ms",
         ]
@@ -68,11 +74,19 @@ async def _submit_all(url: str, keys: dict[str, str], specs: dict[str, dict[str,
 
         async def one(name: str, seed: int) -> None:
             spec = {**specs[name], "train": {**specs[name].get("train", {}), "seed": seed}}
+            # An Idempotency-Key, as the SDK sends: a submission whose connection dropped
+            # before the answer is sent again once and names the same job if it made one, so
+            # the counts stay exact (the retry is counted; one that fails too is an error).
+            headers = {"Authorization": f"Bearer {keys[name]}",
+                       "Idempotency-Key": f"load-{name}-{seed}"}
             async with gate:
                 t0 = time.perf_counter()
                 try:
-                    r = await client.post("/similarity", json=spec,
-                                          headers={"Authorization": f"Bearer {keys[name]}"})
+                    try:
+                        r = await client.post("/similarity", json=spec, headers=headers)
+                    except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
+                        out.submit_retries[type(exc).__name__] += 1
+                        r = await client.post("/similarity", json=spec, headers=headers)
                 except httpx.HTTPError as exc:
                     out.other[type(exc).__name__] += 1
                     return
@@ -107,9 +121,13 @@ async def _poll_until(url: str, keys: dict[str, str], out: LoadFigures, pollers:
                     continue
                 job = ids[(n * 7 + len(out.poll_ms)) % len(ids)]
                 t0 = time.perf_counter()
+                headers = {"Authorization": f"Bearer {keys[name]}"}
                 try:
-                    r = await client.get(f"/jobs/{job}",
-                                         headers={"Authorization": f"Bearer {keys[name]}"})
+                    try:
+                        r = await client.get(f"/jobs/{job}", headers=headers)
+                    except (httpx.ReadError, httpx.RemoteProtocolError) as exc:
+                        out.poll_retries[type(exc).__name__] += 1
+                        r = await client.get(f"/jobs/{job}", headers=headers)
                 except httpx.HTTPError as exc:
                     out.poll_errors[type(exc).__name__] += 1
                     continue

@@ -14,6 +14,7 @@ import re
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -64,17 +65,33 @@ def _metric(svc: ServiceHandle, name: str, **labels: str) -> float:
     return total
 
 
-def _service(mode: str, service_factory: ServiceFactory) -> ServiceHandle:
-    if mode == "embedded":
-        return service_factory.embedded(extra_env=ENV, workers=False)
-    return service_factory.redis(keys=False, workers=False,
-                                 extra_env={**ENV, "STITCHSIM_GATEWAY_WORKERS": "2"})
+@pytest.fixture(scope="module")
+def gateways(tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[Callable[[str], ServiceHandle]]:
+    """One gateway of each mode for the whole module, started when first asked for: the tests
+    here each make their own keys and jobs, and count metrics as differences, so they need no
+    service of their own (a start costs seconds of CPU each)."""
+    factory = ServiceFactory(tmp_path_factory)
+    started: dict[str, ServiceHandle] = {}
+
+    def get(mode: str) -> ServiceHandle:
+        if mode not in started:
+            if mode == "embedded":
+                started[mode] = factory.embedded(extra_env=ENV, workers=False)
+            else:
+                started[mode] = factory.redis(
+                    keys=False, workers=False,
+                    extra_env={**ENV, "STITCHSIM_GATEWAY_WORKERS": "2"})
+        return started[mode]
+
+    yield get
+    factory.close()
 
 
 @pytest.mark.parametrize("mode", ["embedded", "redis"])
-def test_etag_and_if_none_match(mode: str, service_factory: ServiceFactory,
+def test_etag_and_if_none_match(mode: str, gateways: Callable[[str], ServiceHandle],
                                 ckpts: Any) -> None:
-    svc = _service(mode, service_factory)
+    svc = gateways(mode)
     alice, bob = svc.create_key("alice"), svc.create_key("bob")
     job = _job(svc, alice, ckpts)
     # Fresh connections: in Redis mode they land on either gateway process, and each gives
@@ -141,8 +158,9 @@ def _long_poll(svc: ServiceHandle, key: str, job: str, etag: str,
 
 @pytest.mark.parametrize("mode", ["embedded", "redis"])
 def test_long_poll_returns_at_a_change_or_after_the_wait(
-        mode: str, service_factory: ServiceFactory, ckpts: Any) -> None:
-    svc = _service(mode, service_factory)
+        mode: str, gateways: Callable[[str], ServiceHandle], ckpts: Any) -> None:
+    svc = gateways(mode)
+    waits_before = _metric(svc, "stitchsim_http_requests_total", route="/jobs/{job_id}?wait")
     key = svc.create_key("carol")
     job = _job(svc, key, ckpts)
     with svc.client(key) as c:
@@ -193,15 +211,16 @@ def test_long_poll_returns_at_a_change_or_after_the_wait(
     if mode == "embedded":
         # Counted in /metrics apart from plain polls (their time is mostly waiting).
         # The waits above that waited: one 304, one change, six cancels.
-        assert _metric(svc, "stitchsim_http_requests_total", route="/jobs/{job_id}?wait") == 8
+        assert _metric(svc, "stitchsim_http_requests_total",
+                       route="/jobs/{job_id}?wait") - waits_before == 8
 
 
 def test_waiting_clients_cost_one_table_read_per_interval(
-        service_factory: ServiceFactory, ckpts: Any) -> None:
+        gateways: Callable[[str], ServiceHandle], ckpts: Any) -> None:
     """30 clients waiting 6 s on 3 jobs: the gateway reads the job table about once per
     watcher interval for all of them together, not once per client; and not at all once
     they are gone."""
-    svc = service_factory.embedded(extra_env=ENV, workers=False)
+    svc = gateways("embedded")
     key = svc.create_key("dora")
     jobs = [_job(svc, key, ckpts) for _ in range(3)]
     with svc.client(key) as c:
@@ -230,11 +249,11 @@ def test_waiting_clients_cost_one_table_read_per_interval(
     assert _metric(svc, "stitchsim_job_watch_reads_total") - before == reads
 
 
-def test_revoked_key_stops_within_the_cache_ttl(service_factory: ServiceFactory,
+def test_revoked_key_stops_within_the_cache_ttl(gateways: Callable[[str], ServiceHandle],
                                                 ckpts: Any) -> None:
     from stitchsim_service.gateway.deps import _KeyCache
 
-    svc = service_factory.embedded(extra_env=ENV, workers=False)
+    svc = gateways("embedded")
     key = svc.create_key("erin")
     job = _job(svc, key, ckpts)
     with svc.client(key) as c:

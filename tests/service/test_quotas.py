@@ -72,9 +72,14 @@ def test_load_with_job_quota(mode: str, service_factory: ServiceFactory, ckpts: 
     assert {n: len(figures.accepted.get(n, [])) for n in keys} == want
     assert figures.throttled == figures.submissions - sum(want.values())
     assert figures.throttled_without_retry_after == 0
-    # Polls kept being answered through the storm. How many fit in its ~10 s depends on the
-    # CPU left over: 700+ alone, 470 beside the other test process (pytest -n 2).
-    assert len(figures.poll_ms) > 4 * POLLERS and pct(figures.poll_ms, 99) < 10_000
+    # Polls kept being answered through the storm, none with an error (5xx included). How many
+    # fit in its ~10 s depends on the CPU left over: 700+ alone, 470 beside the other test
+    # process (pytest -n 2). The p99 bound is what a loaded 2-core machine holds (10 s was
+    # overrun there): polls answered, if slowly, not polls that wait out the 60 s client timeout.
+    assert len(figures.poll_ms) > 4 * POLLERS and pct(figures.poll_ms, 99) < 30_000
+    # A dropped keep-alive connection is sent again once (loadgen); it must stay the exception.
+    assert sum(figures.poll_retries.values()) <= len(figures.poll_ms) // 100, figures.poll_retries
+    assert sum(figures.submit_retries.values()) <= figures.submissions // 100, figures.lines()
 
     for name, key in keys.items():
         with svc.client(key) as c:
