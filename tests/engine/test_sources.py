@@ -214,6 +214,11 @@ def test_a_bare_state_dict_gets_its_class_count_from_its_head(tmp_path: Path, ar
     assert model.num_classes == 7 and model.arch_kwargs == {"num_classes": 7}
     x = torch.rand(2, 3, 32, 32)
     assert torch.equal(model.net(x), net(x))
+    # The submission check (on the meta device) reads it the same way.
+    from stitchsim_worker.engine.models.loading import meta_model
+    checked = meta_model(ModelRef(checkpoint={"path": str(path)}, arch=arch, preprocess="none"),
+                         path, where="front", native_size=32)
+    assert checked.arch_kwargs == {"num_classes": 7} and checked.num_classes == 7
     # A checkpoint that differs beyond its head is still refused, naming the keys.
     shapes = {k: v.contiguous() for k, v in net.state_dict().items()}
     first = next(k for k, v in shapes.items() if v.dim() == 4)
