@@ -8,6 +8,8 @@ from typing import Any
 from stitchsim.models import Report, ResultRow, Spec
 from stitchsim_worker.engine import Resources, run_job
 
+from tests.fixtures_models import REPO, cache_key, cache_root
+
 FAST = {"epochs": 5, "max_train_samples": 400, "max_test_samples": 300}
 FAST_IRI = {"method": "fast", "steps": 50, "extra_rounds": 0}  # half a fast round, no extra
 # rounds: fast (the figures these tests assert were measured under the fast method)
@@ -42,3 +44,24 @@ def rows(report: Report, **match: Any) -> list[ResultRow]:
 
 def layers(*names: str) -> list[dict[str, str]]:
     return [{"front": n, "back": n} for n in names]
+
+
+# The code an IRI's pixels depend on beyond what the engine's own IRI key holds (the front
+# model's identity, the point, the inputs' digest, the settings): the synthesis, the model's
+# cut and forward, the data, the spec's defaults.
+IRI_CODE = sorted(
+    str(f.relative_to(REPO))
+    for folder in ("worker/engine/iri", "worker/engine/models", "worker/engine/data",
+                   "worker/engine/stitching", "worker/engine/job")
+    for f in (REPO / folder).rglob("*.py")
+) + ["client/stitchsim/models/spec.py", "client/stitchsim/datasets.py"]
+
+
+def shared_cache() -> Path:
+    """A job cache shared by test processes and runs, keyed by the code above, for tests that
+    do not assert cache misses: the engine's IRI cache is content-addressed and written
+    whole (renamed into place), so IRIs one test (or run) made are another's hit, as they
+    would be for a user. Tests of the cache itself keep their own tmp_path."""
+    root = cache_root() / f"jobs-{cache_key({}, IRI_CODE)}"
+    root.mkdir(parents=True, exist_ok=True)
+    return root

@@ -7,13 +7,15 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.engine.jobs import FAST_IA, FAST_IRI, TINY, layers, rows, run, spec
+from tests.engine.jobs import FAST_IA, FAST_IRI, TINY, layers, rows, run, shared_cache, spec
+from tests.engine.permuted import permuted_copy
 
 BOTH = ["standard", "invariance_aware"]
+PERMUTED = {**TINY, "max_train_samples": 200}
 
 
 def test_shortcut_front_loses_agreement_under_the_invariance_aware_protocol(
-    ckpts, tmp_path: Path
+    ckpts
 ) -> None:
     # The marker model solves the task from a corner marker; the clean model reads digits.
     # Standard stitching hides that; IRIs of the marker model keep the marker and nothing else.
@@ -27,7 +29,7 @@ def test_shortcut_front_loses_agreement_under_the_invariance_aware_protocol(
         train=FAST_IA,
         iri=FAST_IRI,
     )
-    report = run(s, tmp_path)
+    report = run(s, shared_cache())
     for layer in ("layer3", "layer4"):
         standard = rows(report, front_layer=layer, protocol="standard")[0]
         aware = rows(report, front_layer=layer, protocol="invariance_aware")[0]
@@ -37,7 +39,7 @@ def test_shortcut_front_loses_agreement_under_the_invariance_aware_protocol(
     assert report.summary.similarity == report.summary.by_protocol["invariance_aware"]
 
 
-def test_identical_models_keep_high_invariance_aware_agreement(ckpts, tmp_path: Path) -> None:
+def test_identical_models_keep_high_invariance_aware_agreement(ckpts) -> None:
     s = spec(
         ckpts.digits_resnet,
         ckpts.digits_resnet,
@@ -47,8 +49,41 @@ def test_identical_models_keep_high_invariance_aware_agreement(ckpts, tmp_path: 
         train=FAST_IA,
         iri=FAST_IRI,
     )
-    for r in run(s, tmp_path).results:
+    for r in run(s, shared_cache()).results:
         assert r.agreement >= 0.9, (r.objective, r.front_layer, r.agreement)
+
+
+def test_a_permuted_copy_is_stitched_back_to_the_identity_function(
+    ckpts, tmp_path: Path
+) -> None:
+    # Two models, one function: the back model is the front's copy with the channels at both
+    # points shuffled (weights permuted in and out), so the stitch must find that permutation,
+    # not keep its input as it is, for the stitched model to be the front model again. With
+    # one model on both sides an untouched identity stitch passes; here it does not. (The
+    # relation is exact on any images, so this checks the fit, not the IRIs' quality: noise
+    # in place of the IRIs passes too; test_points_matrix.py checks the IRIs themselves.)
+    copy = permuted_copy(ckpts.digits_resnet, tmp_path / "permuted.safetensors")
+    s = spec(
+        ckpts.digits_resnet,
+        copy,
+        objectives=["dm"],
+        protocols=["invariance_aware"],
+        layers=layers("layer4.0.act1", "layer4.0.bn2"),
+        # layer4.0.bn2: 96 channels at one position, so the closed form needs more than 97 IRIs.
+        train=PERMUTED,
+        iri={"steps": 10, "extra_rounds": 0},
+    )
+    report = run(s, shared_cache())
+    assert report.back.accuracy == report.front.accuracy  # the same function
+    assert len(report.results) == 2
+    for r in report.results:
+        assert r.iri is not None and r.iri.n == PERMUTED["max_train_samples"], r.iri
+        assert r.agreement >= 0.99, (r.front_layer, r.agreement)
+        assert r.hard_agreement >= 0.99, (r.front_layer, r.hard_agreement)
+        # The IRIs' features mapped onto the copy's exactly (measured: d 3e-13 and 3e-7; an
+        # unfitted identity stitch leaves d 1.3 and 1.0, and agreement 0.989, so this line
+        # is the one that tells a found permutation from a kept input at these points).
+        assert r.train_loss < 1e-3, (r.front_layer, r.train_loss)
 
 
 def test_iris_converge_and_are_reused_from_the_cache(ckpts, tmp_path: Path) -> None:
@@ -139,7 +174,7 @@ def test_unconverged_iris_are_flagged(ckpts, tmp_path: Path) -> None:
     assert "did not converge" in loose and "iri.method paper (steps 2)" in loose
 
 
-def test_both_directions_and_the_shortcut_control(ckpts, tmp_path: Path) -> None:
+def test_both_directions_and_the_shortcut_control(ckpts) -> None:
     s = spec(
         ckpts.marker_resnet,
         ckpts.digits_resnet,
@@ -152,7 +187,7 @@ def test_both_directions_and_the_shortcut_control(ckpts, tmp_path: Path) -> None
         control_settings={"cues": ["pixel_specific"]},  # the whole suite: test_protocols.py
     )
     s = s.model_copy(update={"directions": "both"})
-    report = run(s, tmp_path)
+    report = run(s, shared_cache())
     assert {r.direction for r in report.results} == {"front_to_back", "back_to_front"}
     assert {(r.direction, r.protocol) for r in report.summary.rows} == {
         (d, p) for d in ("front_to_back", "back_to_front") for p in BOTH

@@ -6,15 +6,12 @@ two architectures; figures are deterministic for a seed."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import torch
-from safetensors import safe_open
-from safetensors.torch import save_file
 from stitchsim.models import MeasureRow, Report
 
 from tests.engine.jobs import FAST, FAST_IRI, layers, run, spec
+from tests.engine.permuted import permuted_copy
 
 MEASURES = ["cka", "mutual_knn"]
 # IRIs of the test split (the paper's variant): the measures' own synthesis, on few samples.
@@ -68,35 +65,13 @@ def test_two_seeds_align_on_real_inputs_and_much_less_on_iris(ckpts, tmp_path: P
     assert [(m.value, m.ci) for m in again.measures] == [(m.value, m.ci) for m in report.measures]
 
 
-def _permuted_copy(src: Path, dst: Path) -> Path:
-    """test_resnet with the channels of layer4's residual stream and of its block's inner
-    map permuted (the head reads them permuted): the same function, other tensors at layer4."""
-    with safe_open(str(src), "pt") as f:
-        weights = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - not a dict
-        meta = f.metadata()
-    gen = torch.Generator().manual_seed(0)
-    inner = torch.randperm(weights["layer4.0.conv1.weight"].shape[0], generator=gen)
-    out = torch.randperm(weights["layer4.0.conv2.weight"].shape[0], generator=gen)
-    for k in list(weights):
-        if k.startswith(("layer4.0.conv1.", "layer4.0.bn1.")) and weights[k].dim():
-            weights[k] = weights[k][inner]
-        if k.startswith(("layer4.0.conv2.", "layer4.0.bn2.", "layer4.0.downsample.1.",
-                         "layer4.0.downsample.2.")) and weights[k].dim():
-            weights[k] = weights[k][out]
-    weights["layer4.0.conv2.weight"] = weights["layer4.0.conv2.weight"][:, inner]
-    weights["fc.weight"] = weights["fc.weight"][:, out]
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(dst), metadata=meta)
-    dst.with_suffix(".json").write_text(json.dumps({"permuted": str(src)}))
-    return dst
-
-
 def test_a_model_and_its_permuted_copy_score_one_on_real_inputs_and_on_iris(
     ckpts, tmp_path: Path
 ) -> None:
     # Not one model on both sides (1 by definition): the back model's tensors at layer4 are
     # the front's with their channels shuffled, which both measures must see through. A
     # measure that compared channels one by one, or paired the wrong samples, would not.
-    copy = _permuted_copy(ckpts.digits_resnet, tmp_path / "permuted.safetensors")
+    copy = permuted_copy(ckpts.digits_resnet, tmp_path / "permuted.safetensors")
     tiny = {**FAST, "max_train_samples": 100, "max_test_samples": 100}
     report = _measured(ckpts, ckpts.digits_resnet, copy, tmp_path,
                        layers=layers("layer4"), train=tiny,

@@ -11,7 +11,7 @@ import pytest
 from stitchsim_worker.engine.models.robust import make_robust_checkpoint
 from stitchsim_worker.engine.models.zoo import make_checkpoint
 
-from tests.engine.jobs import FAST_IA, FAST_IRI, layers, rows, run, spec
+from tests.engine.jobs import FAST_IA, FAST_IRI, layers, rows, run, shared_cache, spec
 from tests.fixtures_models import ROBUST_CODE, TRAINING_CODE, cached_model
 
 QUICK = {"epochs": 4, "max_train_samples": 400, "max_test_samples": 300}
@@ -52,7 +52,7 @@ def shapes_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_robust_models_share_invariances_standard_ones_do_not_as_the_paper_finds(
-    ckpts, robust_seeds: tuple[Path, Path], tmp_path: Path
+    ckpts, robust_seeds: tuple[Path, Path]
 ) -> None:
     """The invariance-aware paper's robust-vs-standard finding (its Fig. on ResNet-18 /
     CIFAR-10): under the invariance-aware protocol, on clean test data, two robust seeds agree
@@ -69,7 +69,7 @@ def test_robust_models_share_invariances_standard_ones_do_not_as_the_paper_finds
     def job(front: Path, back: Path, directions: str) -> list:
         s = spec(front, back, objectives=["slm"], protocols=["standard", "invariance_aware"],
                  layers=points, train=FAST_IA, iri=FAST_IRI, directions=directions)
-        return run(s, tmp_path).results
+        return run(s, shared_cache()).results
 
     def by(results: list, protocol: str, direction: str = "front_to_back") -> list[float]:
         return [r.agreement for r in results if r.protocol == protocol
@@ -109,7 +109,7 @@ def test_robust_rows_name_the_attack_and_its_transfer_and_each_alpha_is_a_row(
 
 
 def test_unseen_cues_give_excessive_agreement_under_the_standard_protocol_only(
-    ckpts, tmp_path: Path
+    ckpts
 ) -> None:
     # The marker model reads class-coloured squares; painted cues steer its features, so a
     # standard stitch agrees with the back model through the cue (right cues vs rolled ones).
@@ -119,7 +119,7 @@ def test_unseen_cues_give_excessive_agreement_under_the_standard_protocol_only(
     s = spec(ckpts.marker_resnet, ckpts.digits_resnet, objectives=["slm"],
              protocols=["standard", "invariance_aware"], layers=layers("layer4"), train=FAST_IA,
              iri=FAST_IRI, controls=["shortcut"])
-    report = run(s, tmp_path)
+    report = run(s, shared_cache())  # its IRIs are test_invariance.py's shortcut control's
     excess = {(e.cue, e.protocol): e.max_excessive_agreement
               for e in report.summary.excessive_agreement}
     assert len(rows(report, control="shortcut")) == 6  # three cues, two protocols
