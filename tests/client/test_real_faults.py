@@ -22,7 +22,7 @@ from stitchsim import Client
 from stitchsim.cli import exit_code_for
 from stitchsim.errors import Conflict, RateLimited
 
-from tests.fixtures_service import ServiceFactory, ServiceHandle, cli_command
+from tests.fixtures_service import WARM_POOLS_ENV, ServiceFactory, ServiceHandle, cli_command
 
 LAYER = [{"front": "layer1", "back": "layer1"}]
 # The cheapest job there is: least squares (no training), one point, one protocol, few samples.
@@ -146,9 +146,16 @@ def test_with_no_worker_running_a_check_times_out_exits_4_and_cancels(
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceHandle]:
     """Redis mode, so the gateway can die while the workers go on; spec checks off (the
-    checks worker would import torch for nothing here)."""
+    checks worker would import torch for nothing here). The gpu worker's pool process stays
+    and loads the engine at start, while the first test waits out its outage, so the job of
+    the second does not wait for torch's import."""
     factory = ServiceFactory(tmp_path_factory)
-    yield factory.redis(extra_env={"STITCHSIM_CHECK_TIMEOUT_S": "0"})
+    svc = factory.redis(extra_env={"STITCHSIM_CHECK_TIMEOUT_S": "0"}, workers=False)
+    svc.start_worker("gpu", WARM_POOLS_ENV)
+    svc.start_worker("checks")
+    svc.with_workers = True
+    svc.wait_ready()
+    yield svc
     factory.close()
 
 
