@@ -22,7 +22,7 @@ from stitchsim import Client
 from stitchsim.cli import exit_code_for
 from stitchsim.errors import Conflict, RateLimited
 
-from tests.fixtures_service import WARM_POOLS_ENV, ServiceFactory, ServiceHandle, cli_command
+from tests.fixtures_service import ServiceFactory, ServiceHandle, cli_command
 
 LAYER = [{"front": "layer1", "back": "layer1"}]
 # The cheapest job there is: least squares (no training), one point, one protocol, few samples.
@@ -151,7 +151,7 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceHandle]:
     the second does not wait for torch's import."""
     factory = ServiceFactory(tmp_path_factory)
     svc = factory.redis(extra_env={"STITCHSIM_CHECK_TIMEOUT_S": "0"}, workers=False)
-    svc.start_worker("gpu", WARM_POOLS_ENV)
+    svc.start_worker("gpu", {"STITCHSIM_WORKER_IDLE_RELEASE_S": "0"})  # 0: engine at start
     svc.start_worker("checks")
     svc.with_workers = True
     svc.wait_ready()
