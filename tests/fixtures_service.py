@@ -390,16 +390,25 @@ def _session_services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serv
     factory.close()
 
 
+# The session services run jobs for many test files, minutes apart: pool processes released
+# after 60 s idle (the default) would import torch again, in the checks and the gpu pool, for
+# each file's first job (~20 s each on two busy cores). Released after half an hour instead (no
+# suite runs that long), a pool is still forked, and torch imported, only if a job needs it.
+WARM_POOLS_ENV = {"STITCHSIM_WORKER_IDLE_RELEASE_S": "1800"}
+
+
 @pytest.fixture(scope="session")
 def live_service(_session_services: ServiceFactory) -> ServiceHandle:
-    """`stitchsim-server serve` on the embedded default (no key needed on loopback)."""
-    return _session_services.embedded()
+    """`stitchsim-server serve` on the embedded default (no key needed on loopback); its
+    pool processes stay once forked (WARM_POOLS_ENV)."""
+    return _session_services.embedded(extra_env=WARM_POOLS_ENV)
 
 
 @pytest.fixture(scope="session")
 def redis_service(_session_services: ServiceFactory) -> ServiceHandle:
-    """Gateway + separate Celery workers on the real Redis; keys required (two keys)."""
-    return _session_services.redis()
+    """Gateway + separate Celery workers on the real Redis; keys required (two keys); its
+    pool processes stay once forked (WARM_POOLS_ENV)."""
+    return _session_services.redis(extra_env=WARM_POOLS_ENV)
 
 
 GATEWAY_ONLY_ENV = {

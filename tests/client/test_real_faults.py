@@ -146,9 +146,16 @@ def test_with_no_worker_running_a_check_times_out_exits_4_and_cancels(
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceHandle]:
     """Redis mode, so the gateway can die while the workers go on; spec checks off (the
-    checks worker would import torch for nothing here)."""
+    checks worker would import torch for nothing here). The gpu worker's pool process stays
+    and loads the engine at start, while the first test waits out its outage, so the job of
+    the second does not wait for torch's import."""
     factory = ServiceFactory(tmp_path_factory)
-    yield factory.redis(extra_env={"STITCHSIM_CHECK_TIMEOUT_S": "0"})
+    svc = factory.redis(extra_env={"STITCHSIM_CHECK_TIMEOUT_S": "0"}, workers=False)
+    svc.start_worker("gpu", {"STITCHSIM_WORKER_IDLE_RELEASE_S": "0"})  # 0: engine at start
+    svc.start_worker("checks")
+    svc.with_workers = True
+    svc.wait_ready()
+    yield svc
     factory.close()
 
 

@@ -31,6 +31,18 @@ def page() -> str:
     return render_report_page(make_sample_report(warnings=["IRIs at layer3 did not converge"]))
 
 
+# A page costs seconds of matplotlib on two cores: the tests that read the default sample's
+# page share one rendering. Rendering is deterministic (test_report_round_trips_through_json).
+@pytest.fixture(scope="module")
+def sample() -> Report:
+    return make_sample_report()
+
+
+@pytest.fixture(scope="module")
+def sample_html(sample: Report) -> str:
+    return render_report_page(sample)
+
+
 def _ids(html: str, prefix: str) -> list[str]:
     return re.findall(rf'id="({prefix}[^"]*)"', html)
 
@@ -184,11 +196,10 @@ def test_rendering_needs_no_torch(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT, timeout=120)
 
 
-def test_report_round_trips_through_json() -> None:
+def test_report_round_trips_through_json(sample: Report, sample_html: str) -> None:
     # The service renders what it stored: a report parsed back from JSON renders the same.
-    report = make_sample_report()
-    again = Report.model_validate_json(report.model_dump_json())
-    assert render_report_page(again) == render_report_page(report)
+    again = Report.model_validate_json(sample.model_dump_json())
+    assert render_report_page(again) == sample_html
 
 
 def test_every_plot_has_the_same_width() -> None:
@@ -204,14 +215,13 @@ def test_every_plot_has_the_same_width() -> None:
     assert len(widths) == 1, widths
 
 
-def test_job_page_is_the_report_once_there_is_one() -> None:
-    report = make_sample_report()
-    assert render_job_page(_job("succeeded"), report) == render_report_page(report)
+def test_job_page_is_the_report_once_there_is_one(sample: Report, sample_html: str) -> None:
+    assert render_job_page(_job("succeeded"), sample) == sample_html
     running = _job("running")
     assert render_job_page(running, None) == render_progress_page(running)
 
 
-def test_a_model_at_chance_gets_a_loud_warning_and_no_verdict() -> None:
+def test_a_model_at_chance_gets_a_loud_warning_and_no_verdict(sample_html: str) -> None:
     report = make_sample_report(near_chance=True)
     html = render_report_page(report)
     alert = html[html.index('id="near-chance"'):]
@@ -226,11 +236,11 @@ def test_a_model_at_chance_gets_a_loud_warning_and_no_verdict() -> None:
     assert "No verdict: the back model (resnet26) scores at chance on this dataset" in html
     assert "0.098 (at chance)" in html[html.index('id="models-table"'):]
     # A healthy report has no such box.
-    assert 'id="near-chance"' not in render_report_page(make_sample_report())
+    assert 'id="near-chance"' not in sample_html
 
 
-def test_how_each_model_input_was_prepared() -> None:
-    html = render_report_page(make_sample_report())
+def test_how_each_model_input_was_prepared(sample_html: str) -> None:
+    html = sample_html
     table = html[html.index('id="preprocess-table"'):]
     table = table[: table.index("</table>")]
     assert "How each model's input was prepared" in html
@@ -244,14 +254,14 @@ def test_how_each_model_input_was_prepared() -> None:
     assert 'id="preprocess-back-candidates"' not in html  # taken from metadata: none tried
 
 
-def test_caveats_stand_under_the_verdict() -> None:
+def test_caveats_stand_under_the_verdict(sample_html: str) -> None:
     caveat = "the invariance-aware figure rests on unconverged IRIs at layer3"
     html = render_report_page(make_sample_report(caveats=[caveat]))
     verdict = html[html.index('id="verdict"'):]
     verdict = verdict[: verdict.index("</section>")]
     assert 'id="verdict-caveats"' in verdict and caveat in verdict
     # The engine's own, from the sample's unconverged deepest IRIs.
-    engine = render_report_page(make_sample_report())
+    engine = sample_html
     assert ("rests on IRIs (iri.method paper) that did not converge at back_to_front "
             "layer3-&gt;layer3") in engine
     assert "rests on IRIs made by iri.method paper (the paper&#x27;s code)" in engine
@@ -273,9 +283,10 @@ def test_drops_and_similarity_are_read_from_the_report() -> None:
     assert results.count(">0.500</td>") == 12  # once per stitch point and objective
 
 
-def test_the_iri_section_names_the_method_and_the_pixel_distances() -> None:
-    report = make_sample_report()
-    html = render_report_page(report)
+def test_the_iri_section_names_the_method_and_the_pixel_distances(sample: Report,
+                                                                  sample_html: str) -> None:
+    report = sample
+    html = sample_html
     section = html[html.index('<section id="iri">'):]
     section = section[:section.index("</section>")]
     assert "IRI method: <code>paper (the paper&#x27;s code)</code>" in section \
