@@ -15,9 +15,6 @@ seconds of the first check and of a second one (warm in both modes).
 from __future__ import annotations
 
 import argparse
-import os
-import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.footprint import _wait_ready  # noqa: E402
+from bench.footprint import _wait_ready, start_serve, stop_group  # noqa: E402
 
 
 def _folders(root: Path) -> tuple[Path, Path]:
@@ -50,17 +47,12 @@ def run(idle_release: float, port: int, folders: tuple[Path, Path]) -> dict[str,
     from stitchsim import Client
 
     with tempfile.TemporaryDirectory() as data:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "STITCHSIM_DATA_DIR": data,
-               "STITCHSIM_PORT": str(port), "STITCHSIM_CALIBRATION": "off",
-               "STITCHSIM_CHECK_TIMEOUT_S": "150",  # measured, not cut off
-               "STITCHSIM_WORKER_IDLE_RELEASE_S": str(idle_release)}
-        for var in ("STITCHSIM_REDIS_URL", "STITCHSIM_DATABASE_URL", "STITCHSIM_STORE_URL"):
-            env.pop(var, None)
         log_path = Path(data) / "serve.log"
-        log = open(log_path, "wb")  # noqa: SIM115
         t0 = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "stitchsim_worker.cli", "serve"], env=env,
-                                stdout=log, stderr=log, start_new_session=True)
+        proc, log = start_serve(data, port, {
+            "STITCHSIM_CALIBRATION": "off",
+            "STITCHSIM_CHECK_TIMEOUT_S": "150",  # measured, not cut off
+            "STITCHSIM_WORKER_IDLE_RELEASE_S": str(idle_release)})
         out: dict[str, Any] = {"idle_release": idle_release}
         try:
             url = f"http://127.0.0.1:{port}"
@@ -80,11 +72,7 @@ def run(idle_release: float, port: int, folders: tuple[Path, Path]) -> dict[str,
                     out[label] = time.monotonic() - start
                     job.cancel()
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_group(proc)
             log.close()
     return out
 

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
@@ -132,14 +132,8 @@ def _one_job(url: str) -> float:
 
 def run(idle_release: float, port: int, settle: float, job: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as data:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "STITCHSIM_DATA_DIR": data,
-               "STITCHSIM_PORT": str(port), "STITCHSIM_WORKER_IDLE_RELEASE_S": str(idle_release)}
-        for var in ("STITCHSIM_REDIS_URL", "STITCHSIM_DATABASE_URL", "STITCHSIM_STORE_URL"):
-            env.pop(var, None)
-        log = open(Path(data) / "serve.log", "wb")  # noqa: SIM115
         t0 = time.monotonic()
-        proc = subprocess.Popen([sys.executable, "-m", "stitchsim_worker.cli", "serve"], env=env,
-                                stdout=log, stderr=log, start_new_session=True)
+        proc, log = start_serve(data, port, {"STITCHSIM_WORKER_IDLE_RELEASE_S": str(idle_release)})
         out: dict[str, Any] = {"idle_release": idle_release}
         try:
             url = f"http://127.0.0.1:{port}"
@@ -153,13 +147,32 @@ def run(idle_release: float, port: int, settle: float, job: bool) -> dict[str, A
                     time.sleep(idle_release + 3)
                     out["released"] = _settled(proc.pid, settle)
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+            stop_group(proc)
             log.close()
     return out
+
+
+def start_serve(data: str, port: int, extra_env: dict[str, str]
+                ) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    """`stitchsim-server serve` on its embedded default in `data`, in its own process group,
+    logging to data/serve.log (the caller closes the log)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "STITCHSIM_DATA_DIR": data,
+           "STITCHSIM_PORT": str(port), **extra_env}
+    for var in ("STITCHSIM_REDIS_URL", "STITCHSIM_DATABASE_URL", "STITCHSIM_STORE_URL"):
+        env.pop(var, None)
+    log = open(Path(data) / "serve.log", "wb")  # noqa: SIM115
+    proc = subprocess.Popen([sys.executable, "-m", "stitchsim_worker.cli", "serve"], env=env,
+                            stdout=log, stderr=log, start_new_session=True)
+    return proc, log
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stops `serve` and the workers it started (its process group); SIGKILL after 30 s."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
 
 
 def main() -> int:
