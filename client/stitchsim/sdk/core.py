@@ -11,6 +11,7 @@ import os
 import re
 import tempfile
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, TypeVar
@@ -81,7 +82,7 @@ def client_settings(base_url: str | None, api_key: str | None, retries: int | No
     )
 
 
-class ClientCore:
+class ClientCore(ABC):
     """What Client and AsyncClient share: settings, caches, and every operation as a plan."""
 
     base_url: str
@@ -96,10 +97,10 @@ class ClientCore:
         self._hashes: dict[tuple[str, int, int], str] = {}
 
     @property
+    @abstractmethod
     def _timeout(self) -> httpx.Timeout:
         """The transport's timeouts; Client and AsyncClient each answer from their own
         transport (the plans here read it to lengthen an upload's)."""
-        raise NotImplementedError("a client subclass supplies its transport's timeout")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.base_url!r})"
