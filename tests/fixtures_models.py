@@ -4,7 +4,8 @@ with arch metadata).
 Training is deterministic (fixed seeds, one thread), so a trained model is kept in a cache
 shared by test processes and runs: $STITCHSIM_TEST_CACHE, else ~/.cache/stitchsim-tests. An
 entry's key hashes what decides its weights: the source of the training code and of the
-built-in data, torch/timm/safetensors/numpy versions and the model's own settings; any change
+built-in data, torch/timm/safetensors/numpy versions, the CPU's kernel set (AVX2 and AVX-512
+train the same seed to slightly different weights) and the model's own settings; any change
 is a new entry, trained again. Entries are written to a temp dir and renamed into place under
 a file lock, so two xdist workers (or two runs) never read a half-written one, and the one that
 loses the race reads what the winner wrote. Each session copies its checkpoints out of the
@@ -79,7 +80,10 @@ def cache_key(settings: dict[str, Any], code: list[str]) -> str:
     h = hashlib.sha256()
     versions = {"python": sys.version_info[:2], "torch": torch.__version__,
                 "timm": timm.__version__, "safetensors": safetensors.__version__,
-                "numpy": numpy.__version__, "threads": os.environ.get("OMP_NUM_THREADS")}
+                "numpy": numpy.__version__, "threads": os.environ.get("OMP_NUM_THREADS"),
+                # training is deterministic per kernel set: AVX2 and AVX-512 train apart
+                "cpu": torch.backends.cpu.get_cpu_capability(),
+                "onednn_isa": os.environ.get("ONEDNN_MAX_CPU_ISA")}
     h.update(json.dumps([versions, settings], sort_keys=True, default=str).encode())
     for rel in code:
         h.update(rel.encode() + b"\0" + (REPO / rel).read_bytes())

@@ -16,7 +16,10 @@ from stitchsim.models import IRIStats, ResultRow
 from tests.engine.jobs import rows, run, spec
 
 TRAIN = {"epochs": 2, "max_train_samples": 64, "max_test_samples": 100}
-IRI = {"method": "fast", "steps": 30, "extra_rounds": 0}
+# 40 steps: at 30 the embedder test's IRIs ended at 0.254x their start on an Intel Xeon
+# (AVX-512), whose kernels train the fixtures a little differently from an AMD EPYC's; 0.200x
+# at 40.
+IRI = {"method": "fast", "steps": 40, "extra_rounds": 0}
 NOISE = {"noise_sigmas": [0.3]}
 
 
@@ -58,7 +61,7 @@ def test_iris_train_a_stitch_into_an_embedder_scored_as_embeddings(
     _real_iris(aware)
     assert aware.output == "embedding" and aware.accuracy is None
     assert 0 <= aware.agreement <= 1 and 0 <= aware.hard_agreement <= 1
-    # Measured 0.945 cosine / 0.76 retrieval against the floor's 0.729 / 0.09.
+    # Measured 0.951 cosine / 0.81 retrieval against the floor's 0.728 / 0.06 (Intel Xeon).
     assert aware.agreement >= floor.agreement + 0.1
     assert aware.hard_agreement >= 0.5 and aware.hard_agreement >= floor.hard_agreement + 0.3
 
@@ -77,6 +80,6 @@ def test_iris_train_a_stitch_into_an_autoencoders_decoder_scored_as_images(
     _real_iris(aware)
     assert aware.output == "image" and aware.psnr is not None and floor.psnr is not None
     assert 0 <= aware.agreement <= 1
-    # Measured 0.898 (1 - relative error) and 30.4 dB against the floor's 0.303 and 13.7 dB.
+    # Measured 0.898 (1 - relative error) and 30.5 dB against the floor's 0.303 and 13.7 dB.
     assert aware.agreement >= floor.agreement + 0.3
     assert aware.psnr >= floor.psnr + 8

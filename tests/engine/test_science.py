@@ -19,7 +19,11 @@ def test_identical_models_agree_with_every_objective(ckpts, tmp_path: Path) -> N
     report = run(s, tmp_path)
     assert len(report.results) == 8
     for r in report.results:
-        assert r.agreement >= 0.98, (r.objective, r.front_layer, r.agreement)
+        # hlm trains on the labels, not on the back model's outputs: where the model errs (1.1 %
+        # of the test inputs) the stitched model may be right, and disagree. Measured hlm
+        # 0.979-0.988 (AVX2 / AVX-512 kernels), the others 0.9965 or more.
+        floor = 0.97 if r.objective == "hlm" else 0.99
+        assert r.agreement >= floor, (r.objective, r.front_layer, r.agreement)
         assert r.agreement_ci[0] <= r.agreement <= r.agreement_ci[1]
         assert abs(r.stitching_penalty) < 0.02
     assert report.front.accuracy > 0.95
