@@ -30,6 +30,7 @@ log = logging.getLogger("stitchsim.worker")
 
 app: Celery = make_celery(get_settings())
 app.conf.include = ["stitchsim_worker.tasks"]
+app.conf.worker_autoscaler = "stitchsim_worker.autoscale:SupervisedAutoscaler"
 
 _ctx: Context | None = None
 _ctx_pid: int | None = None
