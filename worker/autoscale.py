@@ -21,7 +21,7 @@ class SupervisedAutoscaler(Autoscaler):
     """
 
     def maybe_scale(self, req: Any = None) -> None:
-        if self.worker is None or getattr(self.worker, "use_eventloop", False):
+        if self.worker is None or self.worker.use_eventloop:
             super().maybe_scale(req)
             return
         if req is not None:

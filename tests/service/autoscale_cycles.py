@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 
 from celery import Celery
@@ -27,9 +28,9 @@ class _Request:
     """A reserved task, as the autoscaler counts them (state.reserved_requests is weak)."""
 
 
-def _until(done: object, timeout: float = 30) -> None:
+def _until(done: Callable[[], bool], timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
-    while not done():  # type: ignore[operator]
+    while not done():
         if time.monotonic() > deadline:
             raise SystemExit("the pool did not scale in time")
         time.sleep(0.01)
