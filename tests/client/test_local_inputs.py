@@ -216,3 +216,18 @@ def test_a_webdataset_tar_told_by_its_members_gets_webdataset_messages(tmp_path:
     assert "ImageFolder" not in message and "class folders" not in message, message
     assert "sample '000000' has no label (label, png)" in message
     assert "read as a WebDataset" in message and "--format" in message
+
+
+def test_check_with_a_bad_dataset_archive_uploads_no_checkpoint(
+        gateway_service: ServiceHandle, key: str, untrained: Untrained, tmp_path: Path
+) -> None:
+    bad = tmp_path / "bad.zip"
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.writestr("../../escape.png", png(random_images(1)[0]))
+    run = stitchsim("check", str(untrained.front), str(untrained.back), "--dataset", str(bad),
+                    "--url", gateway_service.url, "--api-key", key, "--threshold", "0.9",
+                    "--progress", "none", timeout=120)
+    assert run.code == 2, (run.code, run.err)
+    assert "'../../escape.png' points outside the archive's root" in run.err
+    assert "uploading" not in run.err
+    assert _stored(gateway_service, key, "checkpoints") == []
