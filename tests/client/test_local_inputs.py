@@ -115,6 +115,13 @@ def test_a_dataset_folder_follows_links_inside_it_and_refuses_one_outside(
                        f"{outside}, outside the folder {root}"):
         pack_dataset(root, tmp_path / "bad.safetensors")
     assert not (tmp_path / "bad.safetensors").exists()
+    # A link to a folder outside is refused the same way (it would not even be walked).
+    (root / "cat" / "leak.png").unlink()
+    (tmp_path / "photos").mkdir()
+    os.symlink(tmp_path / "photos", root / "dog")
+    with pytest.raises(DatasetSourceError, match="dog is a symbolic link to "
+                       f"{tmp_path / 'photos'}, outside the folder"):
+        pack_dataset(root, tmp_path / "bad.safetensors")
 
 
 def test_check_refuses_a_dataset_folder_linking_outside_before_any_upload(

@@ -105,7 +105,13 @@ class DirTree(Tree):
         for root, dirs, names in os.walk(self.path):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             rel_root = Path(root).relative_to(self.path)
-            self._dirs.extend((rel_root / d).as_posix() for d in dirs)
+            for d in dirs:
+                try:  # a link to a folder is not walked, but one leading out is refused
+                    check_inside(Path(root) / d, self.path, within=within)
+                except LinkOutside as exc:
+                    raise self.error(str(exc)) from None
+            self._dirs.extend((rel_root / d).as_posix() for d in dirs
+                              if not (Path(root) / d).is_symlink())
             for name in sorted(names):
                 full = Path(root) / name
                 try:
