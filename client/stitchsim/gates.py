@@ -11,14 +11,18 @@ that differs named.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from stitchsim import catalogue
 from stitchsim.caveats import caveats_of
 from stitchsim.errors import UsageError
 from stitchsim.method import differences, method_settings
 from stitchsim.models import Caveat, MethodRecord, Report
+from stitchsim.models.report import report_digest
 
 Status = Literal["pass", "warn", "fail"]
 PointKey = tuple[str, str, str]
@@ -28,7 +32,61 @@ _EPS = 1e-9  # a drop of exactly the limit passes, whatever the float rounding
 
 
 class BaselineRefused(UsageError):
-    """The baseline was made under other settings, or of another model or dataset."""
+    """The baseline was made under other settings, or of another model or dataset, or its
+    file is not what the service wrote (figures out of bounds, edited by hand)."""
+
+
+Figure = Annotated[float, Field(le=1.0 + _EPS, allow_inf_nan=False)]
+"""An agreement or similarity: at most 1 whatever the output kind (softmax agreement, cosine
+similarity, 1 - relative error); no lower bound, since 1 - relative error has none."""
+
+
+class _Row(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    agreement: Figure
+    hard_agreement: Figure
+
+
+class _SummaryFigures(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    similarity: Figure
+    by_protocol: dict[str, Figure]
+    by_direction: dict[str, dict[str, Figure]] = {}
+    threshold: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+
+
+class _BaselineFigures(BaseModel):
+    """What the gates read of a baseline, with the bounds every such figure has."""
+
+    model_config = ConfigDict(extra="ignore")
+    summary: _SummaryFigures
+    results: list[_Row]
+    controls: list[_Row] = []
+
+
+def baseline_from_file(text: str, name: str) -> tuple[Report, bool]:
+    """A baseline report file, refused when a figure is out of bounds or when it was changed
+    after the engine wrote it (its `digest` no longer matches its content); (report, whether a
+    digest vouched for it: False for a report of a service before digests)."""
+    data: Any = json.loads(text)
+    report = Report.model_validate(data)
+    try:
+        _BaselineFigures.model_validate(data)
+    except ValidationError as exc:
+        where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
+                          for e in exc.errors(include_url=False)[:3])
+        raise BaselineRefused(f"baseline {name} holds figures no report can have ({where}); "
+                              "it was edited or corrupted: use the report as the service "
+                              "wrote it") from None
+    if report.digest is None:
+        return report, False
+    if report_digest(data) != report.digest:
+        raise BaselineRefused(
+            f"baseline {name} was changed after the service wrote it: its content no longer "
+            "matches the digest recorded with it (a figure, the spec or a setting edited by "
+            "hand). Use the report as the service wrote it (`stitchsim report JOB -o FILE`), "
+            "or pass the job id as --baseline")
+    return report, True
 
 
 @dataclass(frozen=True)

@@ -129,8 +129,9 @@ class _Spool:
     _QUEUE_DEPTH = 4  # pieces of about _FLUSH_BYTES in flight per stage: bounded memory
 
     def __init__(self, field: str, filename: str | None, path: Path, limit: int,
-                 max_header_bytes: int, fd: int):
+                 max_header_bytes: int, fd: int, *, dataset: bool = False):
         self.field = field
+        self.dataset = dataset
         self.filename = filename
         self.path = path
         self.limit = limit
@@ -159,7 +160,7 @@ class _Spool:
             return
         self.sniffed = True
         try:
-            sniff(bytes(self.head))
+            sniff(bytes(self.head), dataset=self.dataset)
             if len(self.head) >= 8:
                 # Only the cap can be judged before the end; the file size is not known yet.
                 header_length(bytes(self.head[:8]), 1 << 62, max_header_bytes=self.max_header_bytes)
@@ -226,8 +227,9 @@ class UploadReceiver:
     """Receives the request body: multipart/form-data with file and text fields, or raw bytes."""
 
     def __init__(self, request: Request, settings: Settings, *, file_fields: set[str],
-                 text_fields: set[str]):
+                 text_fields: set[str], dataset_fields: frozenset[str] = frozenset()):
         self.request = request
+        self.dataset_fields = dataset_fields
         self.settings = settings
         self.file_fields = file_fields
         self.text_fields = text_fields
@@ -244,7 +246,8 @@ class UploadReceiver:
         except OSError as exc:
             raise write_error(exc, _SPOOL) from exc
         spool = _Spool(field_name, filename, path, self.settings.max_upload_bytes,
-                       self.settings.max_header_bytes, fd)
+                       self.settings.max_header_bytes, fd,
+                       dataset=field_name in self.dataset_fields)
         self._spools.append(spool)
         return spool
 
@@ -434,10 +437,13 @@ async def validate_safetensors(upload: UploadedFile, settings: Settings, what: s
     return header
 
 
-async def receive_single_file(request: Request, settings: Settings) -> UploadedFile:
-    """One file, as multipart field ``file`` or as the raw body (application/octet-stream)."""
+async def receive_single_file(request: Request, settings: Settings, *, dataset: bool = False
+                              ) -> UploadedFile:
+    """One file, as multipart field ``file`` or as the raw body (application/octet-stream);
+    `dataset`: a refused format is answered with how to pack a dataset."""
     ctype = request.headers.get("content-type", "")
-    receiver = UploadReceiver(request, settings, file_fields={"file"}, text_fields=set())
+    receiver = UploadReceiver(request, settings, file_fields={"file"}, text_fields=set(),
+                              dataset_fields=frozenset({"file"}) if dataset else frozenset())
     if ctype.startswith("multipart/form-data"):
         await receiver.receive_multipart()
     elif ctype.startswith("application/octet-stream") or ctype == "":
@@ -464,7 +470,7 @@ async def receive_and_store(request: Request, ctx: Context, owner: str, kind: st
     """The upload endpoints: stream the file in, validate it, then let the core store it by
     content and grant it to owner. Returns the object and whether it is new to owner; on any
     failure nothing of it is left behind."""
-    upload = await receive_single_file(request, ctx.settings)
+    upload = await receive_single_file(request, ctx.settings, dataset=kind == "datasets")
     try:
         header = await validate_safetensors(upload, ctx.settings, kind[:-1])
         info = await describe(upload, header)

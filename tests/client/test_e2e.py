@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from stitchsim import Client
 from stitchsim.models import Report
+from stitchsim.models.report import report_digest
 
 TINY = [
     "--layers", "layer2",
@@ -108,6 +109,15 @@ def test_check_identical_checkpoints_exits_0(identical: Run) -> None:
     # One direction, one compared figure.
     assert [c.get("name") for c in cases] == ["front_to_back mean agreement"]
     assert suite.get("failures") == "0"
+
+
+def test_the_report_file_carries_the_digest_of_its_content(identical: Run) -> None:
+    # The engine seals the report; the file --json writes is the service's bytes, so a
+    # baseline made from it is vouched for, and an edit by hand is told (issue 38).
+    out = identical.out_dir
+    assert out is not None
+    data = json.loads((out / "report.json").read_text())
+    assert data["digest"].startswith("sha256:") and data["digest"] == report_digest(data)
 
 
 def _verdict_line(lines: list[str], report: Report) -> int:

@@ -22,6 +22,7 @@ from stitchsim.config import Settings
 from stitchsim.errors import NotFound, UsageError
 from stitchsim.gates import (
     BaselineRefused,
+    baseline_from_file,
     method_of,
     method_refusal,
     refuse_unless_comparable,
@@ -73,11 +74,16 @@ def load(client: Client, name: str, reference: str, fields: dict[str, Any],
     path = Path(name)
     if path.is_file():
         try:
-            return Baseline(Report.model_validate_json(path.read_text(encoding="utf-8")),
-                            f"file {name}")
+            report, vouched = baseline_from_file(path.read_text(encoding="utf-8"), f"file {name}")
+        except BaselineRefused:
+            raise
         except (ValidationError, ValueError) as exc:
             raise UsageError(f"--baseline: {name} is not a stitchsim report JSON "
                              f"({str(exc).splitlines()[0]})") from None
+        if not vouched:
+            log.warning("--baseline: %s carries no digest (a report of an older service): "
+                        "an edit by hand cannot be told", name)
+        return Baseline(report, f"file {name}")
     if path.suffix == ".json" or "/" in name:
         raise UsageError(f"--baseline: no such file {name}")
     try:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from stitchsim.files.errors import SafetensorsError
 from stitchsim.files.header import Header, read_header
+from stitchsim.files.links import LinkOutside, boundary, check_inside
 from stitchsim.files.model_config import (
     CONFIG_FILE,
     MAX_CONFIG_BYTES,
@@ -115,8 +116,19 @@ def _check_index(folder: Path, headers: list[tuple[Path, Header]]) -> None:
             "the folder is incomplete", details={"file": INDEX_FILE})
 
 
+def _refuse_links_outside(folder: Path, paths: list[Path]) -> None:
+    """Every file the upload is made of stays inside the folder (or its HF cache repo)."""
+    within = boundary(folder)
+    for path in paths:
+        try:
+            check_inside(path, folder, within=within)
+        except LinkOutside as exc:
+            raise InvalidModelFolder(str(exc), details={"file": path.name}) from None
+
+
 def read_folder(folder: Path) -> tuple[dict[str, str], list[tuple[Path, Header]]]:
     """The folder's config texts and its shards' validated headers; nothing is written."""
+    _refuse_links_outside(folder, [folder / n for n in (CONFIG_FILE, PROCESSOR_FILE, INDEX_FILE)])
     if not (folder / CONFIG_FILE).is_file():
         raise InvalidModelFolder(
             f"{folder} has no {CONFIG_FILE}: a model folder is what save_pretrained "
@@ -124,8 +136,10 @@ def read_folder(folder: Path) -> tuple[dict[str, str], list[tuple[Path, Header]]
             "alone and name its architecture (--arch)", details={"file": CONFIG_FILE})
     texts = {name: _read_text(folder / name, MAX_CONFIG_BYTES)
              for name in (CONFIG_FILE, PROCESSOR_FILE) if (folder / name).is_file()}
+    shards = _shards(folder)
+    _refuse_links_outside(folder, shards)
     headers = []
-    for shard in _shards(folder):
+    for shard in shards:
         try:
             headers.append((shard, read_header(shard)))
         except SafetensorsError as e:

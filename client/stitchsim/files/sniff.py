@@ -10,6 +10,15 @@ EXPORT_HINT = (
     "`safetensors.torch.save_file(model.state_dict(), 'model.safetensors')`"
 )
 
+DATASET_HINT = (
+    "pack it into the service's dataset file with `stitchsim dataset pack SOURCE "
+    "OUT.safetensors` (or give it to `stitchsim check --dataset`, which packs it)"
+)
+_DATASET_WHAT = {
+    b"PK\x03\x04": "a zip archive (a zipped image folder, or a NumPy .npz)",
+    b"\x1f\x8b": "a gzip file (a .tar.gz of images?)",
+}
+
 _MAGICS: tuple[tuple[bytes, str], ...] = (
     (b"PK\x03\x04", "a zip archive (PyTorch's torch.save format, which holds a pickle)"),
     (b"PK\x05\x06", "an empty zip archive"),
@@ -20,14 +29,19 @@ _MAGICS: tuple[tuple[bytes, str], ...] = (
     (b"\xfd7zXZ", "an xz file"),
     (b"BZh", "a bzip2 file"),
     (b"ustar", "a tar archive"),
+    (b"PAR1", "a parquet file"),
 )
 
 
-def sniff(first: bytes) -> None:
-    """Refuse well-known non-safetensors formats from the first bytes (at least 9 given).
+def sniff(first: bytes, *, dataset: bool = False) -> None:
+    """Refuse well-known non-safetensors formats from the first bytes (at least 9 given);
+    `dataset`: the file was sent as a dataset, and the hint says how to pack one (a zip, npz
+    or parquet is a dataset source the client packs, not a torch.save checkpoint).
 
     Raises UnsupportedFormat; returns quietly when the bytes may start a safetensors file.
     """
+    if dataset:
+        _sniff_dataset(first)
     for magic, what in _MAGICS:
         if first.startswith(magic):
             raise UnsupportedFormat(f"this file is {what}, not safetensors; {EXPORT_HINT}")
@@ -46,3 +60,13 @@ def sniff(first: bytes) -> None:
         raise UnsupportedFormat(
             f"this file looks like a Python pickle (protocol 0/1), not safetensors; {EXPORT_HINT}"
         )
+
+
+def _sniff_dataset(first: bytes) -> None:
+    what = next((_DATASET_WHAT.get(magic, w) for magic, w in _MAGICS if first.startswith(magic)),
+                None)
+    if what is None and len(first) > 262 and first[257:262] == b"ustar":
+        what = "a tar archive (an image folder or a WebDataset?)"
+    if what is not None:
+        raise UnsupportedFormat(f"this file is {what}, not the service's dataset file "
+                                f"(safetensors); {DATASET_HINT}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -380,6 +382,11 @@ class Report(BaseModel):
     caveats: list[Caveat] | None = Field(
         default=None, description="what weakens the figures, by code (null: not recorded; "
         "stitchsim.caveats finds them from the figures)")
+    digest: str | None = Field(
+        default=None, description="sha256 of the report's content as the engine wrote it "
+        "(every other field, canonical JSON: report_digest); a report file edited by hand no "
+        "longer matches it. Not a signature: it detects edits, not forgery (null: a report of "
+        "a service before digests were recorded)")
 
     def to_pandas(self, table: str = "results") -> Any:
         """One tidy table of the report as a pandas DataFrame (the `pandas` extra):
@@ -393,3 +400,19 @@ class Report(BaseModel):
         from stitchsim.frames import report_html
 
         return report_html(self)
+
+
+def report_digest(data: dict[str, Any]) -> str:
+    """The digest of a report's JSON object: every field but `digest`, as canonical JSON
+    (sorted keys, no spaces), so formatting does not matter and any changed value does. Taken
+    from the parsed JSON, not the model, so a client of another version (fields added with
+    defaults) computes the same digest over the same file."""
+    body = {k: v for k, v in data.items() if k != "digest"}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sealed(report: Report) -> Report:
+    """The report with its digest, over exactly the JSON it is written as."""
+    return report.model_copy(update={"digest": report_digest(json.loads(
+        report.model_copy(update={"digest": None}).model_dump_json()))})

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
 from stitchsim.errors import DatasetSourceError
+from stitchsim.files.links import LinkOutside, boundary, check_inside
 
 MAX_TOTAL_BYTES = 64 * 1024**3
 MAX_MEMBERS = 10_000_000
@@ -58,6 +59,19 @@ class Tree(ABC):
     def read(self, wanted: set[str]) -> Iterator[tuple[str, bytes]]:
         """(path, bytes) of the wanted files, in `files()` order."""
 
+    def folders(self) -> set[str]:
+        """Every folder's relative path, empty ones included where the source records them
+        (a directory always; an archive's own folder entries), so an empty class folder can
+        be named rather than silently missing."""
+        out = set(self._folder_entries())
+        for rel in self.files():
+            parts = PurePosixPath(rel).parts[:-1]
+            out.update("/".join(parts[:k]) for k in range(1, len(parts) + 1))
+        return out
+
+    def _folder_entries(self) -> list[str]:
+        return []
+
     def error(self, message: str) -> DatasetSourceError:
         return DatasetSourceError(f"{self.path}: {message}")
 
@@ -81,16 +95,38 @@ def _read_capped(fh: object, where: str, tree: Tree) -> bytes:
 
 
 class DirTree(Tree):
+    """A folder: links are followed only while they stay inside it (stitchsim.files.links),
+    as a model folder's are; links to folders are not walked (os.walk's default)."""
+
     def files(self) -> list[str]:
         out = []
+        within = boundary(self.path)
+        self._dirs: list[str] = []
         for root, dirs, names in os.walk(self.path):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             rel_root = Path(root).relative_to(self.path)
+            for d in dirs:
+                try:  # a link to a folder is not walked, but one leading out is refused
+                    check_inside(Path(root) / d, self.path, within=within)
+                except LinkOutside as exc:
+                    raise self.error(str(exc)) from None
+            self._dirs.extend((rel_root / d).as_posix() for d in dirs
+                              if not (Path(root) / d).is_symlink())
             for name in sorted(names):
                 full = Path(root) / name
+                try:
+                    if not name.startswith("."):  # dot files are never read
+                        check_inside(full, self.path, within=within)
+                except LinkOutside as exc:
+                    raise self.error(str(exc)) from None
                 if full.is_file():
                     out.append((rel_root / name).as_posix())
         return out
+
+    def _folder_entries(self) -> list[str]:
+        if not hasattr(self, "_dirs"):
+            self.files()
+        return self._dirs
 
     def read(self, wanted: set[str]) -> Iterator[tuple[str, bytes]]:
         for rel in self.files():
@@ -158,6 +194,7 @@ class ZipTree(Tree):
             return self._members
         budget = _Budget(self)
         members = []
+        self._dirs: list[str] = []
         with self._zip() as zf:
             for info in zf.infolist():
                 rel = _safe_name(self, info.filename)
@@ -165,6 +202,8 @@ class ZipTree(Tree):
                 if stat.S_ISLNK(mode):
                     raise self.error(f"member {info.filename!r} is a symbolic link; refusing "
                                      "the archive (put the files themselves in it)")
+                if info.is_dir() and rel:
+                    self._dirs.append(rel)
                 if info.is_dir() or not rel:
                     continue
                 if info.flag_bits & 0x1:
@@ -180,6 +219,10 @@ class ZipTree(Tree):
     def files(self) -> list[str]:
         return [rel for rel, _ in self._list()]
 
+    def _folder_entries(self) -> list[str]:
+        self._list()
+        return self._dirs
+
     def read(self, wanted: set[str]) -> Iterator[tuple[str, bytes]]:
         members = self._list()
         with self._zip() as zf:
@@ -193,6 +236,8 @@ class ZipTree(Tree):
 
 
 class TarTree(Tree):
+    SUFFIXES = TAR_SUFFIXES
+
     def __init__(self, path: Path):
         super().__init__(path)
         self._names: list[str] | None = None
@@ -204,7 +249,9 @@ class TarTree(Tree):
             raise self.error(f"not a readable tar archive ({exc})") from None
 
     def _members(self, tf: tarfile.TarFile) -> Iterator[tuple[str, tarfile.TarInfo]]:
-        """Regular members as the tar streams by; each checked before its data is passed."""
+        """Regular members as the tar streams by; each checked before its data is passed.
+        Folder entries are collected on the way (`_folder_entries`)."""
+        self._dirs: list[str] = []
         budget = _Budget(self)
         packed = self.path.stat().st_size
         try:
@@ -215,6 +262,8 @@ class TarTree(Tree):
                                      "(put the files themselves in it)")
                 if info.isdev() or info.isfifo():
                     raise self.error(f"member {info.name!r} is a device or pipe")
+                if info.isdir() and rel:
+                    self._dirs.append(rel)
                 if not info.isfile() or not rel:
                     continue
                 budget.add(rel, info.size)
@@ -237,7 +286,12 @@ class TarTree(Tree):
         if self._names is None:
             with self._open() as tf:
                 self._names = [rel for rel, _ in self._members(tf)]
+                self._tar_dirs = self._dirs
         return self._names
+
+    def _folder_entries(self) -> list[str]:
+        self.files()
+        return self._tar_dirs
 
     def read(self, wanted: set[str]) -> Iterator[tuple[str, bytes]]:
         # In the archive's own order: a compressed tar is only read forwards.

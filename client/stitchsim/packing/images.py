@@ -42,8 +42,12 @@ def _open(data: bytes) -> Image.Image:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             img = Image.open(io.BytesIO(data))
-    except (UnidentifiedImageError, Image.DecompressionBombError,
-            Image.DecompressionBombWarning) as exc:
+    except UnidentifiedImageError:
+        # Pillow's own message names the BytesIO it was given ("<_io.BytesIO object at
+        # 0x...>"); the caller names the file.
+        raise BadImage("not an image file Pillow can read: its format is not recognised, or "
+                       "it is damaged") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise BadImage(str(exc) or type(exc).__name__) from None
     except (OSError, ValueError, SyntaxError) as exc:
         raise BadImage(f"{type(exc).__name__}: {exc}") from None

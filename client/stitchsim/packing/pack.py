@@ -47,11 +47,16 @@ class _Scan:
 
 
 def read_source(path: Path, options: PackOptions, *, given: str | None = None) -> Found:
-    from stitchsim.packing.formats import detect, reader
+    from stitchsim.packing.formats import detect, detected_as, reader
 
     name = detect(path, given)
     deps.require(name)
-    return reader(name)(path, options)
+    try:
+        return reader(name)(path, options)
+    except DatasetSourceError as exc:
+        if given is not None or not (hint := detected_as(path, name)):
+            raise
+        raise DatasetSourceError(f"{exc}{hint}") from None
 
 
 def _scan(source: Path, stream: Stream) -> _Scan:

@@ -123,18 +123,9 @@ class ClientCore(ABC):
     # ------------------------------------------------------------ uploads
 
     def _plan_upload_checkpoint(self, path: PathLike) -> Plan[StoredObject]:
-        # A model folder (save_pretrained, timm's hub layout) is packed into one file first,
-        # every tensor plus the config files in its metadata: the service stores all or nothing.
-        if not is_model_folder(path):
-            return (yield from self._plan_upload(StoredObject, "checkpoints", path))
         with tempfile.TemporaryDirectory(prefix="stitchsim-model-") as tmp:
-            try:
-                packed = pack_model_folder(path, Path(tmp) / "model.safetensors")
-            except SafetensorsError as exc:
-                raise InvalidFile(f"{path}: {exc.message}", code=exc.code) from None
-            log.info("%s: %s folder of %s (%d tensors, %d shard(s))", path,
-                     packed.config.layout, packed.config.arch, packed.tensors, packed.shards)
-            return (yield from self._plan_upload(StoredObject, "checkpoints", packed.path))
+            local = _local_checkpoint(path, Path(tmp))
+            return (yield from self._plan_upload(StoredObject, "checkpoints", local))
 
     def _plan_points(self, checkpoint: Any, arch: str | None,
                      arch_kwargs: Mapping[str, Any] | None,
@@ -150,15 +141,9 @@ class ClientCore(ABC):
     def _plan_upload_dataset(
         self, path: PathLike, options: PackOptions | Mapping[str, Any] | None
     ) -> Plan[DatasetInfo]:
-        opts = _pack_options(options)
-        if opts is None and is_service_file(path):
-            return (yield from self._plan_upload(DatasetInfo, "datasets", path))
         with tempfile.TemporaryDirectory(prefix="stitchsim-pack-") as tmp:
-            packed = Path(tmp) / f"{Path(path).name or 'dataset'}.safetensors"
-            summary = pack_dataset(path, packed, opts)
-            for line in summary.lines():
-                log.info("%s", line)
-            return (yield from self._plan_upload(DatasetInfo, "datasets", packed))
+            local = _local_dataset(path, _pack_options(options), Path(tmp))
+            return (yield from self._plan_upload(DatasetInfo, "datasets", local))
 
     def _plan_delete(self, kind: str, object_id: str) -> Plan[None]:
         yield Call("DELETE", f"/{kind}/{object_id}")
@@ -199,7 +184,6 @@ class ClientCore(ABC):
         if known is not None:
             log.info("%s: already on the service as %s, not uploaded", path, _short(known.id))
             return known
-        _check_file(path, kind)
         log.info("%s: uploading %s", path, human_size(path.stat().st_size))
 
         def body(stack: contextlib.ExitStack) -> dict[str, Any]:
@@ -266,14 +250,26 @@ class ClientCore(ABC):
         for side, ref in refs.items():
             trial[side] = {**ref, "checkpoint": _PLACEHOLDER_ID}
         checked = _validate_spec(trial)
-        ids: dict[str, Any] = {}
-        for side, ref in refs.items():
-            checkpoint = yield from self._plan_checkpoint_id(ref["checkpoint"], side)
-            ids[side] = getattr(checked, side).model_copy(update={"checkpoint": checkpoint})
-        if "dataset" in payload:
-            ids["dataset"] = yield from self._plan_dataset_id(payload["dataset"],
-                                                              dataset_options)
-        return (yield from self._plan_submit(checked.model_copy(update=ids), idempotency_key))
+        with tempfile.TemporaryDirectory(prefix="stitchsim-") as tmp:
+            # Every local input is read, packed and checked before the first upload: a bad
+            # dataset must not cost two checkpoint uploads first (nor leave them stored).
+            local = {side: _local_model(ref["checkpoint"], side, Path(tmp) / side)
+                     for side, ref in refs.items()}
+            dataset = payload.get("dataset")
+            if "dataset" in payload and _is_dataset_path(dataset):
+                dataset = _local_dataset(_dataset_path(dataset), _pack_options(dataset_options),
+                                         Path(tmp) / "dataset")
+            ids: dict[str, Any] = {}
+            for side, model in local.items():
+                if isinstance(model, Path):
+                    model = (yield from self._plan_upload(StoredObject, "checkpoints", model)).id
+                ids[side] = getattr(checked, side).model_copy(update={"checkpoint": model})
+            if isinstance(dataset, Path):
+                dataset = (yield from self._plan_upload(DatasetInfo, "datasets", dataset)).id
+            if "dataset" in payload:
+                ids["dataset"] = dataset
+            return (yield from self._plan_submit(checked.model_copy(update=ids),
+                                                 idempotency_key))
 
     def _plan_submit(self, spec: Spec | Mapping[str, Any], idempotency_key: str | None
                      ) -> Plan[str]:
@@ -296,26 +292,72 @@ class ClientCore(ABC):
         return (yield from self._plan_get(Usage, "/usage"))
 
     def _plan_checkpoint_id(self, checkpoint: Any, side: str) -> Plan[str]:
-        if isinstance(checkpoint, str) and ID_RE.match(checkpoint):
-            return checkpoint
-        if isinstance(checkpoint, Mapping) and "path" in checkpoint:
-            checkpoint = checkpoint["path"]
-        if not isinstance(checkpoint, str | os.PathLike):
-            raise UsageError(f"{side}: expected a file path or a sha256: id, got {checkpoint!r}")
-        if not Path(checkpoint).is_file() and not is_model_folder(checkpoint):
-            raise UsageError(
-                f"{side}: {os.fspath(checkpoint)!r} is neither a file nor a sha256:<64 hex> "
-                "id (nor a model folder)"
-            )
-        return (yield from self._plan_upload_checkpoint(checkpoint)).id
+        with tempfile.TemporaryDirectory(prefix="stitchsim-model-") as tmp:
+            local = _local_model(checkpoint, side, Path(tmp))
+            if isinstance(local, str):
+                return local
+            return (yield from self._plan_upload(StoredObject, "checkpoints", local)).id
 
     def _plan_dataset_id(self, dataset: Any,
                          options: PackOptions | Mapping[str, Any] | None = None) -> Plan[Any]:
-        if isinstance(dataset, Mapping) and "path" in dataset:
-            dataset = Path(dataset["path"])
-        if isinstance(dataset, os.PathLike) or _is_local_dataset(dataset):
-            return (yield from self._plan_upload_dataset(dataset, options)).id
+        if _is_dataset_path(dataset):
+            return (yield from self._plan_upload_dataset(_dataset_path(dataset), options)).id
         return dataset
+
+
+def _local_model(checkpoint: Any, side: str, tmp: Path) -> str | Path:
+    """A model as given: a stored id as it is, else the checked local file to upload (a model
+    folder packed into `tmp` first)."""
+    if isinstance(checkpoint, str) and ID_RE.match(checkpoint):
+        return checkpoint
+    if isinstance(checkpoint, Mapping) and "path" in checkpoint:
+        checkpoint = checkpoint["path"]
+    if not isinstance(checkpoint, str | os.PathLike):
+        raise UsageError(f"{side}: expected a file path or a sha256: id, got {checkpoint!r}")
+    if not Path(checkpoint).is_file() and not is_model_folder(checkpoint):
+        raise UsageError(
+            f"{side}: {os.fspath(checkpoint)!r} is neither a file nor a sha256:<64 hex> "
+            "id (nor a model folder)"
+        )
+    return _local_checkpoint(checkpoint, tmp)
+
+
+def _local_checkpoint(path: PathLike, tmp: Path) -> Path:
+    """The one file to upload for a checkpoint path, its header checked here first. A model
+    folder (save_pretrained, timm's hub layout) is packed into one file in `tmp`: every
+    tensor plus the config files in its metadata, so the service stores all or nothing."""
+    if not is_model_folder(path):
+        return _check_file(Path(path), "checkpoints")
+    tmp.mkdir(parents=True, exist_ok=True)
+    try:
+        packed = pack_model_folder(path, tmp / "model.safetensors")
+    except SafetensorsError as exc:
+        raise InvalidFile(f"{path}: {exc.message}", code=exc.code) from None
+    log.info("%s: %s folder of %s (%d tensors, %d shard(s))", path,
+             packed.config.layout, packed.config.arch, packed.tensors, packed.shards)
+    return _check_file(packed.path, "checkpoints")
+
+
+def _local_dataset(path: PathLike, opts: PackOptions | None, tmp: Path) -> Path:
+    """The service's dataset file for a local source: as it is when it is one already, else
+    packed into `tmp` (what was found printed before any upload); checked either way."""
+    if opts is None and is_service_file(path):
+        return _check_file(Path(path), "datasets")
+    tmp.mkdir(parents=True, exist_ok=True)
+    packed = tmp / f"{Path(path).name or 'dataset'}.safetensors"
+    summary = pack_dataset(path, packed, opts)
+    for line in summary.lines():
+        log.info("%s", line)
+    return _check_file(packed, "datasets")
+
+
+def _is_dataset_path(dataset: Any) -> bool:
+    return (isinstance(dataset, os.PathLike) or _is_local_dataset(dataset)
+            or (isinstance(dataset, Mapping) and "path" in dataset))
+
+
+def _dataset_path(dataset: Any) -> PathLike:
+    return Path(dataset["path"]) if isinstance(dataset, Mapping) else dataset
 
 
 def _as_ref_dict(model: ModelLike, base: Any) -> dict[str, Any]:
@@ -357,7 +399,7 @@ def _pack_options(options: PackOptions | Mapping[str, Any] | None) -> PackOption
         raise UsageError(f"dataset options: {problems}") from None
 
 
-def _check_file(path: Path, kind: str) -> None:
+def _check_file(path: Path, kind: str) -> Path:
     """The service's own header checks, run here first: a pickle or a truncated file fails in
     milliseconds instead of after a long upload."""
     try:
@@ -369,6 +411,7 @@ def _check_file(path: Path, kind: str) -> None:
         raise InvalidFile(f"{path}: {exc.message}", code=exc.code) from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
+    return path
 
 
 def _validate_spec(payload: Mapping[str, Any]) -> Spec:

@@ -52,7 +52,8 @@ def _model(
     model.net.to(device)
     if OUTPUT_KINDS[model.output].classes and data.labelled:
         head = data.train.subset(MEASURE_SAMPLES)  # read from a file only as far as measured
-        model.choice = measure(model.choice, model.net, head.images, head.labels, device)
+        model.choice = measure(model.choice, model.net, head.images, head.labels, device,
+                               data.n_classes)
     elif model.choice.pending:
         note = (f"not measured: the candidates are scored by accuracy, and this model's "
                 f"output is an {model.output}" if data.labelled else

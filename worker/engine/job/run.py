@@ -24,6 +24,7 @@ from stitchsim.models import (
     Summary,
     UnstitchedRow,
 )
+from stitchsim.models.report import sealed
 from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.errors import engine_failure, passes_through
 from stitchsim_worker.engine.job.context import JobContext
@@ -167,7 +168,8 @@ def _report(ran: Ran) -> Report:
         environment=_environment(ran.device, ran.tracker, spec.train.seed, ran.seconds),
         method=method_record(spec),
     )
-    return report.model_copy(update={"caveats": find_caveats(report)})
+    # Sealed last: the digest covers every figure, so a report file edited by hand is told.
+    return sealed(report.model_copy(update={"caveats": find_caveats(report)}))
 
 
 def _undetermined(front: ModelSummary, back: ModelSummary) -> list[str]:

@@ -4,6 +4,11 @@ The spec wins (explicit mean/std, or a named `preprocess`), then the checkpoint'
 Otherwise the plausible candidates are measured: each is scored on a few hundred labelled
 samples and the best-predicting one is used. A model trained elsewhere on plain [0,1] pixels,
 uploaded with only its architecture, then gets its true accuracy instead of chance.
+
+Accuracy decides only when it can: the best candidate must be off chance (the report's own
+near-chance line) and beat every other one by an exact McNemar test on the same samples. A
+model at chance on the dataset (trained on a shortcut it lacks) scores 0.148 / 0.111 / 0.086
+by noise alone; then the normalisation statistics decide, or the choice says UNDETERMINED.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from stitchsim.failure import Failure
 from stitchsim.models import ModelRef, PreprocessCandidate, PreprocessInfo, PreprocessSource
+from stitchsim_worker.engine.measures.metrics import near_chance
 from stitchsim_worker.engine.models.normstats import decisive, first_norm, stats_distance
 from stitchsim_worker.engine.models.sources import SourceInfo
 from torch import nn
@@ -28,8 +34,9 @@ MEASURE_SAMPLES = 512
 # own input_size field starts here).
 MIN_INPUT_SIZE = 8
 _MEASURE_BATCH = 128
-# Ties (within a sample or two) go to the first candidate: the architecture's own config.
-_TIE = 2
+ALPHA = 0.01
+"""The McNemar test's level for "the best candidate predicts better than that one", split
+over the comparisons (Bonferroni): a wrong pick by noise once in a hundred jobs at most."""
 
 
 @dataclass(frozen=True)
@@ -189,29 +196,53 @@ def choose(
 
 
 @torch.no_grad()
-def _accuracy(
+def _correct(
     net: nn.Module, pre: Preprocess, images: torch.Tensor, labels: torch.Tensor,
     device: torch.device,
-) -> float:
-    right = 0
+) -> torch.Tensor:
+    """Per sample: whether the model predicts its label under this preprocessing."""
+    right = []
     for s in range(0, len(labels), _MEASURE_BATCH):
         x = pre(images[s : s + _MEASURE_BATCH].to(device))
-        right += int((net(x).argmax(-1).cpu() == labels[s : s + _MEASURE_BATCH]).sum())
-    return right / max(1, len(labels))
+        right.append(net(x).argmax(-1).cpu() == labels[s : s + _MEASURE_BATCH])
+    return torch.cat(right) if right else torch.zeros(0, dtype=torch.bool)
 
 
-def _separated(scored: list[PreprocessCandidate], n: int) -> PreprocessCandidate | None:
-    """The best-predicting candidate when accuracy tells it apart from the others: ahead of
-    the runner-up by more than a tie and twice the binomial noise of n samples."""
-    ranked = sorted(scored, key=lambda c: -(c.accuracy or 0.0))
-    best, second = ranked[0], ranked[1] if len(ranked) > 1 else None
-    if second is None:
-        return best
-    p = best.accuracy or 0.0
-    noise = 2 * math.sqrt(n * p * (1 - p))
-    if ((best.accuracy or 0.0) - (second.accuracy or 0.0)) * n > _TIE + noise:
-        return best
-    return None
+def mcnemar_p(better: int, worse: int) -> float:
+    """Exact two-sided McNemar p-value for paired right/wrong outcomes: `better` samples only
+    the first candidate gets right, `worse` only the second; under "equally accurate" each
+    such sample is a fair coin."""
+    n = better + worse
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(better, worse) + 1)) / 2**n
+    return min(1.0, 2 * tail)
+
+
+def _wilson(right: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    p = right / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def _separated(scored: list[PreprocessCandidate], correct: list[torch.Tensor],
+               chance: float) -> PreprocessCandidate | None:
+    """The best-predicting candidate when accuracy tells it apart: off chance (near_chance,
+    the line the report draws), and better than every other candidate by McNemar's test on
+    the same samples. None: accuracy decides nothing."""
+    order = sorted(range(len(scored)), key=lambda k: -float(correct[k].float().mean()))
+    best = order[0]
+    right, n = int(correct[best].sum()), len(correct[best])
+    if n == 0 or near_chance(right / n, _wilson(right, n), chance):
+        return None
+    level = ALPHA / max(1, len(scored) - 1)
+    for k in order[1:]:
+        better = int((correct[best] & ~correct[k]).sum())
+        worse = int((~correct[best] & correct[k]).sum())
+        if better <= worse or mcnemar_p(better, worse) >= level:
+            return None
+    return scored[best]
 
 
 def _by_stats(
@@ -234,25 +265,29 @@ def _by_stats(
 
 def measure(
     choice: Choice, net: nn.Module, images: torch.Tensor, labels: torch.Tensor | None,
-    device: torch.device,
+    device: torch.device, classes: int | None = None,
 ) -> Choice:
     """Score every pending candidate: by accuracy on labelled samples where that tells them
-    apart; else by how well each matches the first normalisation layer's running statistics;
-    else the choice is undetermined, and says so."""
+    apart (off chance, and apart by McNemar's test); else by how well each matches the first
+    normalisation layer's running statistics; else the choice is undetermined, and says so.
+    `classes`: the dataset's, for chance (else told from the labels)."""
     if not choice.pending:
         return choice
     n = min(MEASURE_SAMPLES, len(images))
     images = images[:n]
     labelled = labels is not None and bool((labels[:n] >= 0).all()) and n > 0
     size = choice.preprocess.input_size
+    correct = [_correct(net, Preprocess(size, mean, std), images, labels[:n], device)
+               for _, mean, std in choice.pending] if labelled and labels is not None else []
     scored = [
-        PreprocessCandidate(
-            name=name, mean=mean, std=std,
-            accuracy=(_accuracy(net, Preprocess(size, mean, std), images, labels[:n], device)
-                      if labelled and labels is not None else None))
-        for name, mean, std in choice.pending
+        PreprocessCandidate(name=name, mean=mean, std=std,
+                            accuracy=float(correct[k].float().mean()) if correct else None)
+        for k, (name, mean, std) in enumerate(choice.pending)
     ]
-    best = _separated(scored, n) if labelled else None
+    best = None
+    if correct and labels is not None:
+        chance = 1.0 / (classes or int(labels[:n].max()) + 1)
+        best = _separated(scored, correct, chance)
     how = "predicts best"
     if best is None:
         scored, best = _by_stats(scored, net, images, size, device)

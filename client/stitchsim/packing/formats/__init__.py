@@ -55,16 +55,30 @@ def detect(path: Path, given: str | None = None) -> str:
 
 
 def _tar_kind(path: Path, matches: list[str]) -> str:
-    """A tar is a WebDataset when its first samples pair an image with a label file by key,
-    else an ImageFolder packed into a tar."""
+    """A tar is a WebDataset when its first samples pair an image with another file by key
+    (a label, or a label file of a kind this client does not read: the reader then says so in
+    WebDataset's terms), else an ImageFolder packed into a tar."""
     # Standard library and pydantic only: it may run before the data extra is checked.
-    from stitchsim.packing.formats.webdataset import IMAGE_EXTS, LABEL_EXTS, split_key
+    from stitchsim.packing.formats.webdataset import IMAGE_EXTS, split_key
 
     exts: dict[str, set[str]] = {}
     for rel in TarTree(path).first(_SNIFF_MEMBERS):
         parsed = split_key(rel)
         if parsed is not None:
             exts.setdefault(parsed[0], set()).add(parsed[1])
-    paired = any(e & set(IMAGE_EXTS) and e & set(LABEL_EXTS) for e in exts.values())
+    paired = any(e & set(IMAGE_EXTS) and len(e) > 1 for e in exts.values())
     want = "webdataset" if paired else "imagefolder"
     return want if want in matches else matches[0]
+
+
+def detected_as(path: Path, name: str) -> str:
+    """What a refusal of an auto-detected source adds: the format it was read as, why, and
+    how to name another, so a message in one format's terms is not taken for the only way."""
+    if not (path.is_file() and name in ("webdataset", "imagefolder")
+            and path.name.lower().endswith(TarTree.SUFFIXES)):
+        return ""
+    why = ("its members pair each image with other files by key" if name == "webdataset"
+           else "no image in it shares its key with another file, as WebDataset samples do")
+    other = "imagefolder" if name == "webdataset" else "webdataset"
+    return (f" (read as a{'' if name == 'webdataset' else 'n'} {DATASET_FORMATS.label(name)}: "
+            f"{why}; if it is not one, name its format with --format {other})")

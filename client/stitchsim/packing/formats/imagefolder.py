@@ -86,6 +86,8 @@ def read(path: Path, options: PackOptions) -> Found:
     splits = {}
     for split, members in groups.items():
         labels = _labels(path, folders[split], members, rel, options, notes)
+        if not options.unlabelled:
+            _note_empty_classes(tree, folders[split], set(labels.values()), notes)
         splits[split] = Stream(f"{path}:{split}", _scanner(tree, members, labels))
     return Found(NAME, path, splits, labelled=not options.unlabelled, notes=notes)
 
@@ -106,6 +108,19 @@ def _labels(path: Path, folder: str, members: list[str], rel: dict[str, str],
                      "the class folders, in no class")
         members[:] = nested
     return {f: PurePosixPath(rel[f]).parts[0] for f in nested}
+
+
+def _note_empty_classes(tree: Tree, folder: str, classes: set[str | None],
+                        notes: list[str]) -> None:
+    """Class folders with no image in them (empty, or holding other files only) are no class:
+    say which, as torchvision would find them missing too."""
+    children = {PurePosixPath(d[len(folder):]).parts[0] for d in tree.folders()
+                if d.startswith(folder) and len(d) > len(folder)}
+    empty = sorted(c for c in children - classes if not hidden(c))
+    if empty:
+        where = f"{folder}: " if folder else ""
+        notes.append(f"{where}class folders with no images, left out: {', '.join(empty)} "
+                     f"({len(classes)} classes remain)")
 
 
 def _scanner(tree: Tree, members: list[str], labels: dict[str, str | None]

@@ -1,5 +1,6 @@
-"""NumPy .npz: named arrays of images and labels, loaded with allow_pickle=False (an object
-array, which needs a pickle, is refused) after the zip inside passed the archive checks.
+"""NumPy .npz: named arrays of images and labels, loaded with allow_pickle=False after the zip
+passed the archive checks and every member's header was read and found to declare exactly the
+data it holds (an object array, which needs a pickle, is refused there).
 
 Accepted names, first match wins (labels unless unlabelled; the test pair is optional, the
 test split is made from train without it):
@@ -16,9 +17,11 @@ too). The arrays are held in memory while packing (npz members cannot be memory-
 
 from __future__ import annotations
 
+import math
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 
@@ -41,8 +44,51 @@ def accepted_names() -> str:
     return "; ".join("/".join(n for n in scheme if n) for scheme in SCHEMES)
 
 
+def _declared(path: Path, name: str, fh: IO[bytes]) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype a .npy member's header declares (numpy's own header parser)."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fh)
+        shape, _, dtype = (fmt.read_array_header_1_0(fh) if version == (1, 0)
+                           else fmt.read_array_header_2_0(fh))
+    except ValueError as exc:
+        raise DatasetSourceError(f"{path}: member {name} is not a valid .npy array ({exc})"
+                                 ) from None
+    return tuple(shape), dtype
+
+
+def check_members(path: Path) -> None:
+    """Refuse, before numpy allocates anything, a member whose header declares more (or less)
+    data than it holds, or an object array (which only a pickle can read): a crafted header
+    declaring 100 GB over 1 KB of data otherwise asks numpy for the 100 GB."""
+    tree = ZipTree(path)
+    tree.files()  # paths, links and bombs checked before a member is opened
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if info.is_dir() or not info.filename.endswith(".npy"):
+                    continue
+                name = info.filename[:-4]
+                with zf.open(info) as fh:
+                    shape, dtype = _declared(path, name, fh)
+                    header = fh.tell()
+                if dtype.hasobject:
+                    raise DatasetSourceError(
+                        f"{path}: array {name} holds Python objects ({dtype}), which only a "
+                        "pickle can read and this client never runs; save plain numeric arrays")
+                declared = math.prod(shape) * dtype.itemsize
+                held = info.file_size - header
+                if declared != held:
+                    raise DatasetSourceError(
+                        f"{path}: array {name} declares shape {list(shape)} of {dtype} "
+                        f"({declared:,} bytes) but holds {held:,} bytes of data; the file is "
+                        "corrupt or was made by hand (save it again with numpy.savez)")
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        raise DatasetSourceError(f"{path}: not a readable .npz file ({exc})") from None
+
+
 def read(path: Path, options: PackOptions) -> Found:
-    ZipTree(path).files()  # paths, links and bombs checked before numpy unpacks anything
+    check_members(path)
     try:
         npz = np.load(path, allow_pickle=False)
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
@@ -77,11 +123,15 @@ def read(path: Path, options: PackOptions) -> Found:
 
 
 def _load(npz: np.lib.npyio.NpzFile, path: Path, name: str) -> np.ndarray:
+    # check_members vouched for the sizes; what can still fail is memory, or a member
+    # that changed since.
     try:
         return np.asarray(npz[name])
-    except ValueError as exc:  # an object array: it would need a pickle
-        raise DatasetSourceError(f"{path}: array {name} cannot be read without running a "
-                                 f"pickle ({exc}); save plain numeric arrays") from None
+    except MemoryError:
+        raise DatasetSourceError(f"{path}: array {name} does not fit in this machine's memory; "
+                                 "pack a smaller file") from None
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise DatasetSourceError(f"{path}: array {name} cannot be read ({exc})") from None
 
 
 def _scanner(name: str, images: np.ndarray, labels: list[int | None]
