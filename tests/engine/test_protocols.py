@@ -108,7 +108,8 @@ def test_robust_rows_name_the_attack_and_its_transfer_and_each_alpha_is_a_row(
     results = run(s, tmp_path).results
     assert [r.alpha for r in results] == [0, 1]
     for r in results:
-        assert r.robust is not None and r.robust.attack == "apgd" and r.robust.steps == 20
+        assert r.robust is not None and r.robust.attack == "autoattack_paper"
+        assert r.robust.steps == 20 and r.robust.step_size == 2 / 255
         assert r.agreement >= 0.9, (r.alpha, r.agreement)  # clean agreement stays high
         assert r.robust.success_rate >= 0.8 and r.robust.transfer_rate <= 0.1, r.robust
         assert r.robust.back_accuracy >= 0.9
