@@ -125,14 +125,25 @@ CUES: Kind[Entry] = Kind("cue", (
 
 ATTACKS: Kind[AttackEntry] = Kind("attack", (
     AttackEntry(
-        "apgd", "APGD-CE + APGD-DLR", "AutoAttack's two white-box attacks (Croce & Hein "
-        "2020), as the invariance-aware paper evaluates: APGD on the cross-entropy, then APGD "
-        "on the difference-of-logits ratio on the inputs it did not fool; per input the "
-        "fooling one (else the highest-loss one)", short="APGD", default=True, steps=20),
+        "autoattack_paper", "AutoAttack (APGD-CE + APGD-DLR) as the paper ran it",
+        "the invariance-aware paper's robust evaluation: ART's AutoAttack([APGD-CE, "
+        "APGD-DLR]) with one uniform random start in the epsilon ball, a first step of "
+        "adversarial.eval_step_size (2/255) halved at APGD's checkpoints, 20 iterations per "
+        "loss; only the inputs the model classifies right are attacked, and an input keeps "
+        "its clean pixels unless an attack fools the model on it (ART 1.19, the version the "
+        "paper's code ships)", short="AutoAttack (paper)", default=True, steps=20,
+        step_size=True),
     AttackEntry(
-        "pgd", "PGD-k", "k fixed steps of the cross-entropy gradient's sign (Madry et al. "
-        "2018), projected onto the epsilon ball; random start with adversarial.random_start",
-        short="PGD", steps=10),
+        "apgd", "APGD-CE + APGD-DLR (Croce's reference)", "AutoAttack's two white-box attacks "
+        "as Croce & Hein's reference code runs them (2020): a first step of 2 epsilon, a start "
+        "scaled to the epsilon ball's corner, every input attacked; APGD on the "
+        "cross-entropy, then on the difference-of-logits ratio for the inputs it did not "
+        "fool; per input the fooling iterate, else the highest-loss one. Stronger than "
+        "autoattack_paper", short="APGD", steps=20),
+    AttackEntry(
+        "pgd", "PGD-k", "k fixed steps of adversarial.eval_step_size along the "
+        "cross-entropy gradient's sign (Madry et al. 2018), projected onto the epsilon ball; "
+        "random start with adversarial.random_start", short="PGD", steps=10, step_size=True),
 ))
 
 MEASURES: Kind[MeasureEntry] = Kind("measure", (

@@ -153,6 +153,8 @@ class AttackEntry(Entry):
     """The robust evaluation's attack in a spec that names none."""
     steps: int = 10
     """Iterations it runs when adversarial.eval_steps is unset (each loss's, for APGD)."""
+    step_size: bool = False
+    """It steps by adversarial.eval_step_size (else its step follows from epsilon)."""
 
 
 @dataclass(frozen=True)

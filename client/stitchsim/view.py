@@ -87,10 +87,10 @@ def protocol_name(row: ResultRow) -> str:
 
 def robust_caption(report: Report) -> str:
     """What crafted the robust rows' inputs, in words (the attack, its budget, its steps)."""
-    seen = {(r.robust.attack, r.robust.epsilon, r.robust.steps)
+    seen = {(r.robust.attack, r.robust.epsilon, r.robust.steps, r.robust.step_size or 0.0)
             for r in report.results if r.robust is not None}
     parts = [f"{catalogue.ATTACKS.label(a)} at epsilon {e * 255:.3g}/255, {n} steps"
-             for a, e, n in sorted(seen)]
+             + (f" of {s * 255:.3g}/255" if s else "") for a, e, n, s in sorted(seen)]
     return ("robust agr: agreement on test inputs crafted against the stitched model by "
             + "; ".join(parts) + "; transfer: how often those inputs fool the back model")
 

@@ -14,6 +14,9 @@ from tests.report.sample import make_sample_report
 NOTE = "cross-task: agreement measures compatibility, not shared meaning"
 
 
+CAPTION = "AutoAttack (APGD-CE + APGD-DLR) as the paper ran it at epsilon 8/255, 20 steps of 2/255"
+
+
 def _report() -> Report:
     report = make_sample_report()
     first = report.results[0]
@@ -21,7 +24,8 @@ def _report() -> Report:
         "protocol": "adversarial", "agreement": 0.91, "alpha": 1.0,
         "robust": RobustStats(agreement=0.137, agreement_ci=(0.1, 0.17), hard_agreement=0.2,
                               accuracy=0.05, back_accuracy=0.96, epsilon=8 / 255, steps=20,
-                              attack="apgd", success_rate=0.94, transfer_rate=0.023),
+                              attack="autoattack_paper", step_size=2 / 255, success_rate=0.94,
+                              transfer_rate=0.023),
     })
     cue = report.controls[0].model_copy(update={
         "control": "shortcut", "cue": "pixel_specific", "excessive_agreement": 0.412,
@@ -44,7 +48,7 @@ def test_the_table_shows_robust_agreement_cues_excess_and_notes() -> None:
     assert any("adversarial a=1" in line and line.endswith("0.137     0.023")
                for line in text.splitlines())
     # The attack is named, with its budget: robust agreement means nothing without it.
-    assert "APGD-CE + APGD-DLR at epsilon 8/255, 20 steps" in text
+    assert CAPTION in text
     assert "shortcut:pixel_specific" in text
     block = text.split("excessive agreement (unseen cues), max over stitch points")[1]
     assert "pixel_specific" in block and "0.412" in block
@@ -60,7 +64,7 @@ def test_without_robust_rows_there_is_no_robust_column() -> None:
 def test_the_page_shows_the_same() -> None:
     page = render_report_page(_report())
     assert "robust agr." in page and "0.137" in page and "0.023" in page
-    assert "APGD-CE + APGD-DLR at epsilon 8/255, 20 steps" in page
+    assert CAPTION in page
     assert "adversarial, α = 1" in page
     assert "unseen cues: class colour, class place" in page
     assert 'id="excess-table"' in page and "0.412" in page

@@ -190,7 +190,7 @@ CASES = [
     Case("an alpha below 0", _spec(adversarial={"alphas": [-0.5, 1]}), 422, "invalid_spec",
          "adversarial.alphas"),
     Case("unknown attack", _spec(adversarial={"attack": "fgsm"}), 422, "invalid_spec",
-         "adversarial.attack: Input should be 'apgd' or 'pgd'"),
+         "adversarial.attack: Input should be 'autoattack_paper', 'apgd' or 'pgd'"),
     Case("class_pairing not a permutation", _spec(class_pairing=[0, 0, 2]), 422,
          "invalid_spec", "permutation"),
     Case("dataset never uploaded", _spec(dataset="sha256:" + "ab" * 32), 404, "not_found",

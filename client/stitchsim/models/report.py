@@ -68,8 +68,12 @@ class RobustStats(BaseModel):
     accuracy: float = Field(description="the stitched model's accuracy on the attacked inputs")
     back_accuracy: float = Field(description="the back model's accuracy on the same inputs")
     epsilon: float
-    steps: int = Field(description="the attack's iterations (each loss's, for apgd)")
+    steps: int = Field(description="the attack's iterations (each loss's, for the APGD "
+                       "attacks)")
     attack: Attack = Field(default="pgd", description="the attack that crafted the inputs")
+    step_size: float | None = Field(
+        default=None, description="the attack's (first) step in [0,1] pixels; unset for apgd, "
+        "whose first step is 2 epsilon (and in reports from before it was recorded)")
     success_rate: float | None = Field(
         default=None, description="how often the attack fools the stitched model: the share "
         "of the test inputs it classifies right whose attacked version it gets wrong")

@@ -253,8 +253,9 @@ class ControlSettings(_Strict):
 class AdversarialSettings(_Strict):
     """PGD L-inf in [0,1] pixel units (each model's preprocessing applies after it), as in the
     invariance-aware paper's code: epsilon 8/255, step 2/255, 10 steps, no random start, in
-    stitch training; the robust evaluation runs `attack` (APGD-CE + APGD-DLR, as the paper's
-    AutoAttack evaluation) at the same epsilon."""
+    stitch training; the robust evaluation runs `attack` (by default AutoAttack's APGD-CE +
+    APGD-DLR as the paper's code runs them) at the same epsilon and step, as the paper's
+    configs do at 32 and at 224 px."""
 
     epsilon: float = Field(default=8 / 255, gt=0, le=1)
     step_size: float = Field(default=2 / 255, gt=0, le=1,
@@ -285,8 +286,19 @@ class AdversarialSettings(_Strict):
     )
     eval_steps: int | None = Field(
         default=None, ge=1, le=500,
-        description="the evaluation attack's iterations (each loss's, for apgd); unset: the "
-        "attack's own default (apgd 20, as the paper; pgd 10)",
+        description="the evaluation attack's iterations (each loss's, for the APGD attacks); "
+        "unset: the attack's own default (autoattack_paper and apgd 20, as the paper; pgd 10)",
+    )
+    eval_epsilon: float | None = Field(
+        default=None, gt=0, le=1,
+        description="the evaluation attack's epsilon in [0,1] pixels; unset: `epsilon` (the "
+        "paper evaluates at its training epsilon: 8/255 at 32 px)",
+    )
+    eval_step_size: float | None = Field(
+        default=None, gt=0, le=1,
+        description="the evaluation attack's step in [0,1] pixels (autoattack_paper's first "
+        "step, ART's eps_step; pgd's step; apgd's first step is 2 epsilon whatever this "
+        "says); unset: `step_size` (the paper's eps_step is its training step: 2/255 at 32 px)",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
 
@@ -307,6 +319,16 @@ class AdversarialSettings(_Strict):
 
     def attack_steps(self) -> int:
         return self.eval_steps or catalogue.ATTACKS[self.attack].steps
+
+    def attack_epsilon(self) -> float:
+        return self.eval_epsilon or self.epsilon
+
+    def attack_step_size(self) -> float | None:
+        """The evaluation attack's (first) step; None for an attack whose step follows from
+        epsilon (apgd)."""
+        if not catalogue.ATTACKS[self.attack].step_size:
+            return None
+        return self.eval_step_size or self.step_size
 
 
 class MeasureSettings(_Strict):

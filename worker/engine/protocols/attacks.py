@@ -4,11 +4,13 @@ so the budget is in pixel units whatever each model's normalisation.
 `pgd` is PGD as the invariance-aware paper's code runs it in stitch training: fixed steps of
 the gradient's sign, projected onto the epsilon ball around x and the pixel range, no random
 start unless asked. The robust evaluation's attacks are registered by their catalogue names
-(stitchsim.catalogue.ATTACKS): `apgd` (APGD-CE then APGD-DLR, the white-box half of
-AutoAttack, which the paper evaluates with) and `pgd` (PGD-k)."""
+(stitchsim.catalogue.ATTACKS): `autoattack_paper` (APGD-CE then APGD-DLR as the paper's code
+runs them: ART's AutoAttack and AutoProjectedGradientDescent), `apgd` (the same two losses as
+Croce & Hein's reference code runs them) and `pgd` (PGD-k)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -128,6 +130,102 @@ def apgd(
     return torch.where(fooled.view(shape), x_fool, x_best), fooled
 
 
+PAPER_BATCH = 64
+"""ART's batch_size in the paper's 32 px evaluation. It matters in one place: ART stops a
+batch early when every loss in it is exactly zero."""
+
+
+def art_checkpoints(steps: int) -> list[int]:
+    """The iterations at which ART's APGD may halve a step: its w_j (0, 0.22, then gaps
+    shrinking by 0.03 down to 0.06) times the iterations, rounded up, in ART's arithmetic."""
+    w = [0.0, 0.22]
+    while (nxt := w[-1] + max(w[-1] - w[-2] - 0.03, 0.06)) <= 1:
+        w.append(nxt)
+    return [math.ceil(p * steps) for p in w]
+
+
+def apgd_paper(
+    model: Model, x: torch.Tensor, y: torch.Tensor, *, eps: float, step: float, steps: int,
+    loss: str = "ce", generator: torch.Generator | None = None, batch: int = PAPER_BATCH,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Auto-PGD as ART's AutoProjectedGradientDescent runs it (L-inf, untargeted, one random
+    init), the attack the paper's evaluation calls. Where it departs from Croce & Hein's
+    reference (`apgd`): the first step is `step`, not 2 eps; the start is uniform noise in the
+    eps ball; each step's gradient is taken at the current point; the result is the last
+    iterate where that fools the model, else the random start. Returns (inputs, whether each
+    fools the model)."""
+    x = x.detach()
+    noise = (torch.rand(x.shape, generator=generator) * 2 - 1).to(x) * eps
+    start = _project(x + noise, x, eps)
+    out = start.clone()
+    for chunk in torch.arange(len(x), device=x.device).split(batch):
+        out[chunk] = _apgd_paper_batch(model, x[chunk], start[chunk], y[chunk], step, steps,
+                                       LOSSES[loss], eps)
+    with torch.no_grad():
+        fooled = model(out).argmax(1) != y
+    return out, fooled
+
+
+def _apgd_paper_batch(
+    model: Model, x: torch.Tensor, start: torch.Tensor, y: torch.Tensor, step: float,
+    steps: int, criterion: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], eps: float,
+) -> torch.Tensor:
+    """One of ART's batches: the last iterate where it fools the model, else the start."""
+    def loss_grad(z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = z.clone().requires_grad_(True)
+        values = criterion(model(z), y)
+        (grad,) = torch.autograd.grad(values.sum(), z)
+        return values.detach(), grad.detach()
+
+    checks, n = art_checkpoints(steps), len(x)
+    eta = torch.full((n, *[1] * (x.dim() - 1)), step, device=x.device, dtype=x.dtype)
+    f_start, grad = loss_grad(start)
+    x_k = _project(start + eta * grad.sign(), x, eps)
+    f, grad_k = loss_grad(x_k)
+    # The best point so far, the point before it, its loss and its gradient (ART keeps the
+    # first two and recomputes the gradient; a model in eval mode gives the same one).
+    up = f >= f_start
+    x_max, x_max_prev = torch.where(_rows(up, x), x_k, start), x.clone()
+    f_max, grad_max = torch.where(up, f, f_start), torch.where(_rows(up, x), grad_k, grad)
+    count, eta_at_check, f_at_check = up.float(), eta.clone(), f_start.clone()
+    x_prev, grad = start, grad_k
+    for k in range(1, steps):
+        with torch.no_grad():
+            z = _project(x_k + eta * grad.sign(), x, eps)
+            x_new = _project(x_k + 0.75 * (z - x_k) + 0.25 * (x_k - x_prev), x, eps)
+        f, grad_new = loss_grad(x_new)
+        if bool((f == 0).all()):
+            return _fooling_or_start(model, x_new, start, y)
+        up = f > f_max
+        count += up.float()
+        x_max, x_max_prev = torch.where(_rows(up, x), x_new, x_max), \
+            torch.where(_rows(up, x), x_k, x_max_prev)
+        f_max, grad_max = torch.where(up, f, f_max), torch.where(_rows(up, x), grad_new, grad_max)
+        x_prev, x_k, grad = x_k, x_new, grad_new
+        if k in checks:
+            since = k - checks[checks.index(k) - 1]
+            halve = (count < 0.75 * since) | ((eta_at_check == eta).flatten()
+                                              & (f_at_check == f_max))
+            eta = torch.where(_rows(halve, x), eta / 2, eta)
+            x_k, x_prev = torch.where(_rows(halve, x), x_max, x_k), \
+                torch.where(_rows(halve, x), x_max_prev, x_prev)
+            grad = torch.where(_rows(halve, x), grad_max, grad)
+            count, eta_at_check, f_at_check = torch.zeros_like(count), eta.clone(), f_max.clone()
+    return _fooling_or_start(model, x_k, start, y)
+
+
+def _rows(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A per-sample mask shaped to broadcast over the sample's pixels."""
+    return mask.view(-1, *[1] * (like.dim() - 1))
+
+
+def _fooling_or_start(model: Model, x_k: torch.Tensor, start: torch.Tensor,
+                      y: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        fools = model(x_k).argmax(1) != y
+    return torch.where(_rows(fools, x_k), x_k, start)
+
+
 # ---------------------------------------------------------------- the evaluation's attacks
 
 
@@ -149,14 +247,10 @@ def _apgd_ce_dlr(model: Model, x: torch.Tensor, y: torch.Tensor,
                  settings: AdversarialSettings, gen: torch.Generator) -> torch.Tensor:
     """APGD-CE, then APGD-DLR on the inputs CE did not fool (as AutoAttack runs them in
     turn); DLR needs three classes, so a two-class model gets CE alone."""
-    steps, eps = settings.attack_steps(), settings.epsilon
+    steps, eps = settings.attack_steps(), settings.attack_epsilon()
     x_adv, fooled = apgd(model, x, y, eps=eps, steps=steps, loss="ce", generator=gen)
     rest = (~fooled).nonzero()[:, 0]
-    if len(rest) == 0:
-        return x_adv
-    with torch.no_grad():
-        classes = model(x[:1]).shape[1]
-    if classes < 3:
+    if len(rest) == 0 or _classes(model, x) < 3:
         return x_adv
     x_dlr, fooled_dlr = apgd(model, x[rest], y[rest], eps=eps, steps=steps, loss="dlr",
                              generator=gen)
@@ -164,18 +258,49 @@ def _apgd_ce_dlr(model: Model, x: torch.Tensor, y: torch.Tensor,
     return x_adv
 
 
+def _classes(model: Model, x: torch.Tensor) -> int:
+    with torch.no_grad():
+        return int(model(x[:1]).shape[1])
+
+
+def _autoattack_paper(model: Model, x: torch.Tensor, y: torch.Tensor,
+                      settings: AdversarialSettings, gen: torch.Generator) -> torch.Tensor:
+    """ART's AutoAttack([APGD-CE, APGD-DLR]) as the paper's evaluation calls it: the inputs
+    the model gets right are attacked by CE, those it still gets right by DLR; an input keeps
+    its clean pixels unless an attack fooled the model on it (misclassified ones are never
+    attacked). DLR needs three classes (ART fails on two), so a two-class model gets CE."""
+    eps, step, steps = settings.attack_epsilon(), settings.attack_step_size(), \
+        settings.attack_steps()
+    assert step is not None
+    with torch.no_grad():
+        logits = model(x)
+    robust, x_adv = logits.argmax(1) == y, x.detach().clone()
+    for loss in ("ce", "dlr") if logits.shape[1] >= 3 else ("ce",):
+        idx = robust.nonzero()[:, 0]
+        if len(idx) == 0:
+            break
+        out, fooled = apgd_paper(model, x_adv[idx], y[idx], eps=eps, step=step, steps=steps,
+                                 loss=loss, generator=gen)
+        x_adv[idx[fooled]] = out[fooled]
+        robust[idx[fooled]] = False
+    return x_adv
+
+
 def _pgd_k(model: Model, x: torch.Tensor, y: torch.Tensor, settings: AdversarialSettings,
            gen: torch.Generator) -> torch.Tensor:
-    k = settings.model_copy(update={"steps": settings.attack_steps()})
+    k = settings.model_copy(update={"steps": settings.attack_steps(),
+                                    "epsilon": settings.attack_epsilon(),
+                                    "step_size": settings.attack_step_size()})
     return pgd(lambda z: F.cross_entropy(model(z), y, reduction="sum"), x, k, gen)
 
 
+ATTACKS.register(AttackEntry("autoattack_paper", _autoattack_paper))
 ATTACKS.register(AttackEntry("apgd", _apgd_ce_dlr))
 ATTACKS.register(AttackEntry("pgd", _pgd_k))
 
 
 def attack_passes(settings: AdversarialSettings) -> int:
-    """Forward-backward passes of the evaluation attack per input, at most (apgd: each loss's
-    steps and its start)."""
+    """Forward-backward passes of the evaluation attack per input, at most (the APGD attacks:
+    each loss's steps and its start)."""
     steps = settings.attack_steps()
-    return 2 * (steps + 1) if settings.attack == "apgd" else steps
+    return steps if settings.attack == "pgd" else 2 * (steps + 1)

@@ -124,7 +124,8 @@ def robust_stats(ctx: JobContext, cut: Cut, result: Fit, test: Split) -> RobustS
         agreement=values["agreement"][0], agreement_ci=ci,
         hard_agreement=values["hard_agreement"][0], accuracy=values["accuracy"][0],
         back_accuracy=float(np.mean([e.back_accuracy for e in evals])),
-        epsilon=settings.epsilon, steps=settings.attack_steps(), attack=settings.attack,
+        epsilon=settings.attack_epsilon(), steps=settings.attack_steps(),
+        step_size=settings.attack_step_size(), attack=settings.attack,
         success_rate=float(np.mean([s for s, _ in fooled])),
         transfer_rate=float(np.mean([t for _, t in fooled])),
     )
