@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from stitchsim import codes
 from stitchsim.failure import Failure
 from stitchsim.files.errors import SafetensorsError
@@ -90,6 +91,18 @@ def _document_error_bodies(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def allowed_methods(request: Request) -> str:
+    """Every method the request's path has, for a 405's Allow (RFC 9110 15.5.6). Starlette
+    answers with the methods of the first route whose path matched, and a path such as
+    /checkpoints is one route per method."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match != Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
+
+
 def install_handlers(app: FastAPI) -> None:
     _document_error_bodies(app)
 
@@ -109,11 +122,14 @@ def install_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = codes.GENERIC.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+        headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 404 and message == "Not Found":
             message = f"no such endpoint: {request.method} {request.url.path}"
-        return JSONResponse(
-            body(code, message), status_code=exc.status_code, headers=getattr(exc, "headers", None)
-        )
+        if exc.status_code == 405:
+            headers["Allow"] = allowed_methods(request)
+            message = f"{request.url.path} takes {headers['Allow']}, not {request.method}"
+        return JSONResponse(body(code, message), status_code=exc.status_code,
+                            headers=headers or None)
 
     @app.exception_handler(OperationalError)
     async def _db(request: Request, exc: OperationalError) -> JSONResponse:

@@ -225,3 +225,30 @@ def test_every_operation_was_fuzzed_and_nothing_was_left(keyed_ledger: Ledger,
     assert sum(keyed_ledger.calls.values()) >= 10 * len(operations)
     for ledger in (keyed_ledger, local_ledger):
         ledger.assert_nothing_else_changed()
+
+
+PATHS_WITH_METHODS = sorted(OPENAPI["paths"])
+
+
+@pytest.mark.parametrize("template", PATHS_WITH_METHODS)
+def test_a_405_allows_every_method_of_the_path(template: str, redis_service: Any) -> None:
+    # Starlette's own 405 listed the methods of the first route whose path matched: POST for
+    # /checkpoints, though GET is served there too.
+    documented = {m.upper() for m in OPENAPI["paths"][template]}
+    path = re.sub(r"\{\w+\}", "sha256:" + "0" * 64, template)
+    with redis_service.client() as client:
+        r = client.request("PATCH", path)
+    assert r.status_code == 405, r.text
+    assert set(r.headers["Allow"].split(", ")) == documented, (template, r.headers["Allow"])
+    message = assert_error_body(r)["message"]
+    assert "PATCH" in message and all(m in message for m in documented), message
+
+
+def test_metrics_are_documented_as_the_prometheus_text_they_are(redis_service: Any) -> None:
+    # It was documented as application/json; a scraper reads text/plain (version=...).
+    documented = OPENAPI["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    r = httpx.get(redis_service.url + "/metrics", timeout=30)
+    assert r.status_code == 200
+    assert list(documented) == [r.headers["content-type"]]
+    assert r.headers["content-type"].startswith("text/plain; version=")
+    assert "# TYPE stitchsim_http_requests_total counter" in r.text

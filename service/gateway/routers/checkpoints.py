@@ -10,7 +10,12 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import ValidationError
 from stitchsim.failure import Failure
 from stitchsim.files.header import Header
-from stitchsim.jsondepth import MAX_JSON_DEPTH, nested_deeper_than
+from stitchsim.jsondepth import (
+    JSON_OBJECT_TEXT,
+    MAX_JSON_DEPTH,
+    is_json_object_text,
+    nested_deeper_than,
+)
 from stitchsim.models import ErrorBody, ModelRef, StitchPoints, StoredObject
 from stitchsim_service.core import objects
 from stitchsim_service.core.context import Context
@@ -23,6 +28,16 @@ from stitchsim_service.gateway.uploads import UPLOAD_OPENAPI, UploadedFile, rece
 router = APIRouter(prefix="/checkpoints", tags=["checkpoints"])
 
 _ERRORS = {s: {"model": ErrorBody} for s in (400, 401, 408, 413, 415, 422, 429, 503)}
+_MODEL_REF = ModelRef.model_json_schema()["properties"]
+
+
+def _as_in_model_ref(field: str) -> dict[str, Any]:
+    """The constraints of the ModelRef field a query parameter sets, for the OpenAPI document
+    (the parameter is validated as that field)."""
+    schema = _MODEL_REF[field]
+    value = next(s for s in schema.get("anyOf", [schema]) if s.get("type") != "null")
+    return {k: v for k, v in {**schema, **value}.items()
+            if k not in ("anyOf", "type", "default", "title", "description")}
 
 
 async def _describe(upload: UploadedFile, header: Header) -> dict[str, Any]:
@@ -72,10 +87,13 @@ async def delete_checkpoint(checkpoint_id: str, ctx: Context = Depends(get_ctx),
             summary="Where one of your checkpoints can be stitched")
 async def checkpoint_points(
     checkpoint_id: str, ctx: Context = Depends(get_ctx), owner: str = Depends(get_owner),
-    arch: str | None = Query(None, description="timm architecture; else the checkpoint's"),
+    arch: str | None = Query(None, description="timm architecture; else the checkpoint's",
+                             json_schema_extra=_as_in_model_ref("arch")),
     arch_kwargs: str | None = Query(None, max_length=8192, description="create_model "
-                                    "kwargs as JSON; else the checkpoint's"),
-    input_size: int | None = Query(None, description="square input side the shapes are for"),
+                                    "kwargs as a JSON object; else the checkpoint's",
+                                    json_schema_extra=JSON_OBJECT_TEXT),
+    input_size: int | None = Query(None, description="square input side the shapes are for",
+                                   json_schema_extra=_as_in_model_ref("input_size")),
 ) -> StitchPoints:
     """Every stitchable module output with its shape, the stage outputs and the points
     `layers: "auto"` picks, as a job on this checkpoint would see them (a check worker builds
@@ -87,18 +105,28 @@ async def checkpoint_points(
 def _model_ref(checkpoint_id: str, arch: str | None, arch_kwargs: str | None,
                input_size: int | None) -> dict[str, Any]:
     """The query's ModelRef fields, validated as a spec's would be."""
-    kwargs = None
-    if arch_kwargs is not None:
-        try:
-            kwargs = json.loads(arch_kwargs)
-            if nested_deeper_than(kwargs, MAX_JSON_DEPTH):
-                raise RecursionError
-        except (ValueError, RecursionError) as exc:
-            raise Failure("invalid_spec", f"arch_kwargs: not a JSON object of kwargs ({exc!r})",
-                          {"field": "arch_kwargs"}) from None
+    kwargs = None if arch_kwargs is None else _parse_kwargs(arch_kwargs)
     fields = {"arch": arch, "arch_kwargs": kwargs, "input_size": input_size}
     try:
         ModelRef.model_validate({"checkpoint": checkpoint_id, **fields})
     except ValidationError as exc:
         raise validation_error("invalid_spec", "invalid query", list(exc.errors())) from None
     return fields
+
+
+def _parse_kwargs(text: str) -> dict[str, Any]:
+    def refused(why: str) -> Failure:
+        return Failure("invalid_spec", f"arch_kwargs: not a JSON object of kwargs ({why})",
+                       {"field": "arch_kwargs"})
+
+    if not is_json_object_text(text):
+        raise refused("it must be {...}")
+    try:
+        kwargs = json.loads(text)
+    except RecursionError:
+        kwargs = None
+    except ValueError as exc:
+        raise refused(str(exc)) from None
+    if kwargs is None or nested_deeper_than(kwargs, MAX_JSON_DEPTH):
+        raise refused(f"nested more than {MAX_JSON_DEPTH} levels deep")
+    return dict(kwargs)
