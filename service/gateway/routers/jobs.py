@@ -75,7 +75,7 @@ def list_jobs(
                                json_schema_extra={"pattern": jobs.CURSOR_PATTERN}),
     state: JobState | None = None,
 ) -> Response:
-    decoded = jobs.decode_cursor(cursor) if cursor else None
+    decoded = jobs.decode_cursor(cursor) if cursor is not None else None
     rows, nxt = jobs.list_jobs(ctx, owner, limit=limit, cursor=decoded, state=state)
     return Response(jobs.list_json(rows, nxt), media_type=_JSON)
 
