@@ -13,12 +13,17 @@ pagination cursors.
 from __future__ import annotations
 
 import base64
+import json
 import re
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import schemathesis
 from schemathesis.config import SchemathesisConfig
@@ -252,3 +257,78 @@ def test_metrics_are_documented_as_the_prometheus_text_they_are(redis_service: A
     assert list(documented) == [r.headers["content-type"]]
     assert r.headers["content-type"].startswith("text/plain; version=")
     assert "# TYPE stitchsim_http_requests_total counter" in r.text
+
+
+# ---------------------------------------------------------------- schemathesis as a tester runs it
+
+# Operations whose accepted input the JSON Schema cannot say in full, so schemathesis's
+# positive_data_acceptance takes a content refusal (415/422) there as an answer: an upload's
+# bytes must be a safetensors file; a spec also has rules across fields (iri rounds,
+# class_pairing a permutation), ids that must name your own uploads, no local paths, and in a
+# multipart form a JSON object inside a text field. Everything else the document allows must
+# be accepted.
+CONTENT_CHECKED = r"^/(checkpoints|datasets|similarity)$"
+RUN_CONFIG = f"""
+[[operations]]
+include-path-regex = '{CONTENT_CHECKED}'
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "404", "409", "415", "422",
+                                                     "429"]
+"""
+# Examples per operation and mode in the fuzzing phase; the coverage phase's boundary cases
+# (most of the ~1,400 requests) and the stateful phase come on top. ~35 s on two loaded cores.
+RUN_EXAMPLES = 5
+
+
+def _own_checkpoint(svc: Any, key: str, fill: float) -> str:
+    """A small real checkpoint of key's, so reads succeed and the cross-key probes have an
+    object to try as the other key."""
+    from safetensors.numpy import save
+
+    data = save({"w": np.full((2, 2), fill, np.float32)}, metadata={"arch": "resnet18"})
+    r = httpx.post(svc.url + "/checkpoints", files={"file": ("w.safetensors", data)},
+                   headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    assert r.status_code in (200, 201), r.text
+    return str(r.json()["id"])
+
+
+def test_schemathesis_run_with_two_keys_finds_nothing(redis_service: Any, tmp_path: Path) -> None:
+    """`schemathesis run` against the live service, with every check it has: server errors,
+    status codes, content types, headers (Allow included), response schemas, schema-valid
+    input accepted and schema-invalid input refused, missing auth ignored, use after free,
+    and, with two keys (alice, bob), bob reading what alice's requests showed her."""
+    svc = redis_service
+    jobs_before = svc.count_rows("jobs")
+    # Under the phases: objects of each key's own (schemathesis may delete them; that is its
+    # right). Re-uploading is idempotent, so a rerun in the same session is the same run.
+    _own_checkpoint(svc, svc.api_key, 1.0)
+    _own_checkpoint(svc, svc.other_key, 2.0)
+    auth = tmp_path / "keys.json"
+    auth.write_text(json.dumps({"auth": [
+        {"name": name, "fixedHeaders": [{"name": "Authorization", "value": f"Bearer {key}"}]}
+        for name, key in (("alice", svc.api_key), ("bob", svc.other_key))]}))
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(RUN_CONFIG)
+    report = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run",
+           f"{svc.url}/openapi.json", "--auth-wfc", str(auth), "--checks", "all", "--mode", "all",
+           "--max-examples", str(RUN_EXAMPLES), "--seed", str(SEED), "--workers", "1",
+           "--continue-on-failure", "--no-shrink", "--request-timeout", "60",
+           "--report", "json", "--report-json-path", str(report)]
+    started = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    took = time.monotonic() - started
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
+    run = json.loads(report.read_text())
+    assert run["complete"] and run["failures"] == [] and run["errors"] == [], run
+    assert run["operations"]["tested"] == run["operations"]["total"] == len(
+        [op for ops in OPENAPI["paths"].values() for op in ops])
+    assert {p: v["status"] for p, v in run["phases"].items() if p != "examples"} == {
+        "coverage": "success", "fuzzing": "success", "stateful": "success"}, run["phases"]
+    # Only the operations named above may refuse most schema-valid input.
+    assert all(re.match(CONTENT_CHECKED, label.split(" ")[1])
+               for label in run["warnings"]["validation_mismatch"]), run["warnings"]
+    assert run["test_cases"]["generated"] >= 10 * run["operations"]["total"]
+    assert svc.count_rows("jobs") == jobs_before, "a generated request started a job"
+    assert not [f for f in svc.store_files() if f.startswith("tmp/")]
+    print(f"schemathesis: {run['test_cases']['generated']} cases in {took:.0f} s")
