@@ -262,11 +262,11 @@ def test_metrics_are_documented_as_the_prometheus_text_they_are(redis_service: A
 # ---------------------------------------------------------------- schemathesis as a tester runs it
 
 # Operations whose accepted input the JSON Schema cannot say in full, so schemathesis's
-# positive_data_acceptance takes a content refusal (415/422) there as an answer: an upload's
+# positive_data_acceptance takes a content refusal (400/415/422) there as an answer: an upload's
 # bytes must be a safetensors file; a spec also has rules across fields (iri rounds,
 # class_pairing a permutation), ids that must name your own uploads, no local paths, and in a
-# multipart form a JSON object inside a text field. Everything else the document allows must
-# be accepted.
+# multipart form a JSON object inside a text field (400 when the text does not parse).
+# Everything else the document allows must be accepted.
 CONTENT_CHECKED = r"^/(checkpoints|datasets|similarity)$"
 # The same operations' hundreds of negative boundary cases (the spec's above all) are the keyed
 # pass's (each refused with an error body, nothing stored, no job started): here only their
@@ -275,8 +275,8 @@ RUN_CONFIG = f"""
 [[operations]]
 include-path-regex = '{CONTENT_CHECKED}'
 include-method = "POST"
-checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "404", "409", "415", "422",
-                                                     "429"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409", "415",
+                                                     "422", "429"]
 phases.coverage.generation.mode = "positive"
 """
 # Examples per operation and mode in the fuzzing phase; the coverage phase's boundary cases
