@@ -30,7 +30,7 @@ from schemathesis.config import SchemathesisConfig
 from stitchsim_service.core.settings import Settings
 from stitchsim_service.gateway.main import create_app
 
-from tests.service.helpers import PUBLIC_PATHS, assert_error_body
+from tests.service.helpers import PUBLIC_PATHS, TINY_SPEC, assert_error_body
 
 # Examples per operation in the fuzzing phase (positive and negative modes each); the examples
 # and coverage phases add their own fixed, deterministic cases on top.
@@ -336,3 +336,71 @@ def test_schemathesis_run_with_two_keys_finds_nothing(redis_service: Any, tmp_pa
     assert svc.count_rows("jobs") == jobs_before, "a generated request started a job"
     assert not [f for f in svc.store_files() if f.startswith("tmp/")]
     print(f"schemathesis: {run['test_cases']['generated']} cases in {took:.0f} s")
+
+
+# ------------------------------------------------ the document as strict as validation
+
+_ID = "sha256:" + "a" * 64
+_SPEC = {**TINY_SPEC, "front": {"checkpoint": _ID}, "back": {"checkpoint": _ID}}
+# Each was allowed by the published document and refused by validation (schemathesis's
+# positive_data_acceptance found them): the document now refuses each too.
+LOOSE_SPECS = {
+    "std 0": {"front": {"checkpoint": _ID, "std": [1.0, 0.0, 1.0]}},
+    "arch a hub name": {"back": {"checkpoint": _ID, "arch": "hf-hub:org/model"}},
+    "noise sigma < 0": {"control_settings": {"noise_sigmas": [-0.1]}},
+    "alpha > 1": {"adversarial": {"alphas": [0.0, 2.0]}},
+    "alphas repeat": {"adversarial": {"alphas": [1.0, 1.0]}},
+    "objectives repeat": {"objectives": ["slm", "slm"]},
+    "no layers": {"layers": []},
+    "class_pairing repeats": {"class_pairing": [0, 0]},
+}
+
+
+def _against(schema: dict[str, Any]) -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator({**schema, "components": OPENAPI["components"]})
+
+
+@pytest.mark.parametrize("change", LOOSE_SPECS.values(), ids=LOOSE_SPECS.keys())
+def test_the_published_spec_refuses_what_validation_refuses(change: dict[str, Any]) -> None:
+    from pydantic import ValidationError
+    from stitchsim.models import Spec
+
+    spec = {**_SPEC, **change}
+    with pytest.raises(ValidationError):
+        Spec.model_validate(spec)
+    body = OPENAPI["paths"]["/similarity"]["post"]["requestBody"]["content"]
+    assert not _against(body["application/json"]["schema"]).is_valid(spec)
+    assert _against(body["application/json"]["schema"]).is_valid(_SPEC)
+
+
+def _query(path: str, name: str) -> dict[str, Any]:
+    return next(p for p in OPENAPI["paths"][path]["get"]["parameters"] if p["name"] == name)
+
+
+def test_the_published_query_and_forms_refuse_what_validation_refuses() -> None:
+    from stitchsim_service.core.jobs import decode_cursor
+
+    points = "/checkpoints/{checkpoint_id}/points"
+    for name, bad, good in (("input_size", 4, 224), ("arch", "local-dir:/etc", "resnet18")):
+        schema = _against(_query(points, name)["schema"])
+        assert not schema.is_valid(bad) and schema.is_valid(good), name
+    # arch_kwargs: a JSON object in the query (OpenAPI's content parameter)
+    kwargs = _query(points, "arch_kwargs")
+    assert _against(kwargs["content"]["application/json"]["schema"]).is_valid({"drop_rate": 0.1})
+    assert not _against(kwargs["content"]["application/json"]["schema"]).is_valid(5)
+    cursor = _against(_query("/jobs", "cursor")["schema"])
+    for bad in ("", *FORGED_CURSORS):
+        assert not cursor.is_valid(bad), bad
+        with pytest.raises(Exception, match="cursor is not one this service issued"):
+            decode_cursor(bad)
+    assert cursor.is_valid("1765000000123456-" + "0" * 32)
+    decode_cursor("1765000000123456-" + "0" * 32)
+    form = OPENAPI["paths"]["/similarity"]["post"]["requestBody"]["content"]
+    multipart = _against(form["multipart/form-data"]["schema"])
+    assert not multipart.is_valid({"spec": "[1]"}) and not multipart.is_valid({"other": "x"})
+    assert multipart.is_valid({"spec": json.dumps({"dataset": "digits"})})
+    for upload in ("/checkpoints", "/datasets"):
+        form = OPENAPI["paths"][upload]["post"]["requestBody"]["content"]["multipart/form-data"]
+        assert not _against(form["schema"]).is_valid({"file": "x", "spec": "{}"}), upload

@@ -92,9 +92,10 @@ async def _read_body(request: Request, ctx: Context) -> tuple[Any, dict[str, Upl
         await receiver.receive_multipart()
         try:
             text = receiver.texts.get("spec", "{}")
-            if not is_json_object_text(text):
-                raise Failure("bad_request", "the spec field must be a JSON object, {...}")
             raw = _parse_json(text, "the spec field")
+            if not is_json_object_text(text):
+                raise Failure("bad_request", "the spec field must be a JSON object, from { to }"
+                              " with nothing around it")
             for side, up in receiver.files.items():
                 await validate_safetensors(up, ctx.settings, f"the {side} checkpoint")
         except BaseException:
