@@ -13,6 +13,8 @@ Standard library only: the client, the gateway (no torch) and the engine all imp
 
 from __future__ import annotations
 
+import re
+
 from stitchsim.entries import (
     BLACK as BLACK,
     BLUE as BLUE,
@@ -327,8 +329,18 @@ def split_arch(arch: str) -> tuple[str, str]:
     return prefix, name
 
 
+def _arch_pattern() -> str:
+    # A catalogued prefix or none, then a name that is not a path or a hub reference (no / \\
+    # or :, no leading dot) and has no surrounding whitespace; the OpenAPI document publishes it.
+    prefixes = "|".join(re.escape(e.prefix) for e in MODEL_SOURCES if e.prefix)
+    return rf"^(?:(?:{prefixes}):)?[^\s./\\:](?:[^/\\:]*[^\s/\\:])?$"
+
+
+ARCH_PATTERN = _arch_pattern()
+"""What `arch` may be: a registry name of a catalogued source; no hub (`hf-hub:`), no path
+(`local-dir:`)."""
+
+
 def arch_name_ok(arch: str) -> bool:
-    """A registry name of a catalogued source: no hub (`hf-hub:`), no path (`local-dir:`)."""
-    source, name = split_arch(arch)
-    return (source in MODEL_SOURCES and bool(name) and "/" not in name and "\\" not in name
-            and ":" not in name and name.strip() == name and not name.startswith("."))
+    """Whether arch is a registry name of a catalogued source (ARCH_PATTERN)."""
+    return re.fullmatch(ARCH_PATTERN, arch) is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 MAX_JSON_DEPTH = 32
@@ -21,3 +22,17 @@ def nested_deeper_than(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
             stack.extend((child, depth + 1)
                          for child in (item.values() if isinstance(item, dict) else item))
     return False
+
+
+JSON_OBJECT_PATTERN = r"^\{[\s\S]*\}$"
+JSON_OBJECT_TEXT: dict[str, Any] = {"contentMediaType": "application/json",
+                                    "pattern": JSON_OBJECT_PATTERN}
+"""A text field holding a JSON object (arch_kwargs in a query, the spec of a multipart form),
+as the OpenAPI document describes it: JSON (contentMediaType), and an object (the pattern, which
+generators and validators read where they ignore contentSchema). The gateway refuses text that
+does not match the pattern before it parses it, so the two agree."""
+
+
+def is_json_object_text(text: str) -> bool:
+    """Whether text has the shape of JSON_OBJECT_PATTERN (whether it parses is the parser's)."""
+    return re.fullmatch(JSON_OBJECT_PATTERN, text) is not None

@@ -9,8 +9,10 @@ never carries a traceback.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -19,6 +21,7 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path
 from stitchsim import codes
 from stitchsim.failure import Failure
 from stitchsim.files.errors import SafetensorsError
@@ -90,6 +93,20 @@ def _document_error_bodies(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
+def allowed_methods(request: Request) -> str | None:
+    """Every method the OpenAPI document gives the request's path, for a 405's Allow (RFC 9110
+    15.5.6); None for a path it does not hold. Starlette answers with the methods of the first
+    route whose path matched, and a path such as /checkpoints is one route per method."""
+    methods = {m.upper() for template, ops in request.app.openapi()["paths"].items()
+               if _template(template).match(request.url.path) for m in ops}
+    return ", ".join(sorted(methods)) or None
+
+
+@functools.cache
+def _template(path: str) -> re.Pattern[str]:
+    return compile_path(path)[0]
+
+
 def install_handlers(app: FastAPI) -> None:
     _document_error_bodies(app)
 
@@ -109,11 +126,15 @@ def install_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = codes.GENERIC.get(exc.status_code, "error")
         message = exc.detail if isinstance(exc.detail, str) else code.replace("_", " ")
+        headers = dict(getattr(exc, "headers", None) or {})
         if exc.status_code == 404 and message == "Not Found":
             message = f"no such endpoint: {request.method} {request.url.path}"
-        return JSONResponse(
-            body(code, message), status_code=exc.status_code, headers=getattr(exc, "headers", None)
-        )
+        allowed = allowed_methods(request) if exc.status_code == 405 else None
+        if allowed is not None:
+            headers["Allow"] = allowed
+            message = f"{request.url.path} takes {allowed}, not {request.method}"
+        return JSONResponse(body(code, message), status_code=exc.status_code,
+                            headers=headers or None)
 
     @app.exception_handler(OperationalError)
     async def _db(request: Request, exc: OperationalError) -> JSONResponse:

@@ -490,6 +490,7 @@ UPLOAD_OPENAPI: dict[str, Any] = {
                     "required": ["file"],
                     "properties": {"file": {"type": "string", "format": "binary",
                                             "description": "a .safetensors file"}},
+                    "additionalProperties": False,
                 }
             },
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},

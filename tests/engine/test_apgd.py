@@ -86,7 +86,8 @@ def test_apgd_ce_then_dlr_fools_at_least_as_often_as_either_and_as_pgd(tiny) -> 
 
 @pytest.mark.parametrize(("adversarial", "words"), [
     ({"alpha": 1.5}, "adversarial.alpha: Input should be less than or equal to 1"),
-    ({"alphas": [0, 2]}, "adversarial.alphas: Value error, every alpha must lie in [0, 1]"),
+    ({"alphas": [0, 2]}, "adversarial.alphas.1: Input should be less than or equal to 1"),
+    ({"alphas": [1, 1]}, "adversarial.alphas: Value error, values must not repeat"),
     ({"attack": "fgsm"}, "adversarial.attack: Input should be "
      + ", ".join(repr(n) for n in catalogue.ATTACKS.names[:-1])
      + f" or {catalogue.ATTACKS.names[-1]!r}"),

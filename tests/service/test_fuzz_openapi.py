@@ -13,19 +13,24 @@ pagination cursors.
 from __future__ import annotations
 
 import base64
+import json
 import re
+import subprocess
+import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import schemathesis
 from schemathesis.config import SchemathesisConfig
 from stitchsim_service.core.settings import Settings
 from stitchsim_service.gateway.main import create_app
 
-from tests.service.helpers import PUBLIC_PATHS, assert_error_body
+from tests.service.helpers import PUBLIC_PATHS, TINY_SPEC, assert_error_body
 
 # Examples per operation in the fuzzing phase (positive and negative modes each); the examples
 # and coverage phases add their own fixed, deterministic cases on top.
@@ -225,3 +230,177 @@ def test_every_operation_was_fuzzed_and_nothing_was_left(keyed_ledger: Ledger,
     assert sum(keyed_ledger.calls.values()) >= 10 * len(operations)
     for ledger in (keyed_ledger, local_ledger):
         ledger.assert_nothing_else_changed()
+
+
+PATHS_WITH_METHODS = sorted(OPENAPI["paths"])
+
+
+@pytest.mark.parametrize("template", PATHS_WITH_METHODS)
+def test_a_405_allows_every_method_of_the_path(template: str, redis_service: Any) -> None:
+    # Starlette's own 405 listed the methods of the first route whose path matched: POST for
+    # /checkpoints, though GET is served there too.
+    documented = {m.upper() for m in OPENAPI["paths"][template]}
+    path = re.sub(r"\{\w+\}", "sha256:" + "0" * 64, template)
+    with redis_service.client() as client:
+        r = client.request("PATCH", path)
+    assert r.status_code == 405, r.text
+    assert set(r.headers["Allow"].split(", ")) == documented, (template, r.headers["Allow"])
+    message = assert_error_body(r)["message"]
+    assert "PATCH" in message and all(m in message for m in documented), message
+
+
+def test_metrics_are_documented_as_the_prometheus_text_they_are(redis_service: Any) -> None:
+    # It was documented as application/json; a scraper reads text/plain (version=...).
+    documented = OPENAPI["paths"]["/metrics"]["get"]["responses"]["200"]["content"]
+    r = httpx.get(redis_service.url + "/metrics", timeout=30)
+    assert r.status_code == 200
+    assert list(documented) == [r.headers["content-type"]]
+    assert r.headers["content-type"].startswith("text/plain; version=")
+    assert "# TYPE stitchsim_http_requests_total counter" in r.text
+
+
+# ---------------------------------------------------------------- schemathesis as a tester runs it
+
+# Operations whose accepted input the JSON Schema cannot say in full, so schemathesis's
+# positive_data_acceptance takes a content refusal (400/415/422) there as an answer: an upload's
+# bytes must be a safetensors file; a spec also has rules across fields (iri rounds,
+# class_pairing a permutation), ids that must name your own uploads, no local paths, and in a
+# multipart form a JSON object inside a text field (400 when the text does not parse).
+# Everything else the document allows must be accepted.
+CONTENT_CHECKED = r"^/(checkpoints|datasets|similarity)$"
+# The same operations' hundreds of negative boundary cases (the spec's above all) are the keyed
+# pass's (each refused with an error body, nothing stored, no job started): here only their
+# positive ones, to stay within the time.
+RUN_CONFIG = f"""
+[[operations]]
+include-path-regex = '{CONTENT_CHECKED}'
+include-method = "POST"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "404", "409", "415",
+                                                     "422", "429"]
+phases.coverage.generation.mode = "positive"
+"""
+# Examples per operation and mode in the fuzzing phase; the coverage phase's boundary cases
+# (most of the ~700 requests) and the stateful phase come on top.
+RUN_EXAMPLES = 5
+
+
+def _own_checkpoint(svc: Any, key: str, fill: float) -> str:
+    """A small real checkpoint of key's, so reads succeed and the cross-key probes have an
+    object to try as the other key."""
+    from safetensors.numpy import save
+
+    data = save({"w": np.full((2, 2), fill, np.float32)}, metadata={"arch": "resnet18"})
+    r = httpx.post(svc.url + "/checkpoints", files={"file": ("w.safetensors", data)},
+                   headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    assert r.status_code in (200, 201), r.text
+    return str(r.json()["id"])
+
+
+def test_schemathesis_run_with_two_keys_finds_nothing(redis_service: Any, tmp_path: Path) -> None:
+    """`schemathesis run` against the live service, with every check it has: server errors,
+    status codes, content types, headers (Allow included), response schemas, schema-valid
+    input accepted and schema-invalid input refused, missing auth ignored, use after free,
+    and, with two keys (alice, bob), bob reading what alice's requests showed her."""
+    svc = redis_service
+    jobs_before = svc.count_rows("jobs")
+    # Under the phases: objects of each key's own (schemathesis may delete them; that is its
+    # right). Re-uploading is idempotent, so a rerun in the same session is the same run.
+    _own_checkpoint(svc, svc.api_key, 1.0)
+    _own_checkpoint(svc, svc.other_key, 2.0)
+    auth = tmp_path / "keys.json"
+    auth.write_text(json.dumps({"auth": [
+        {"name": name, "fixedHeaders": [{"name": "Authorization", "value": f"Bearer {key}"}]}
+        for name, key in (("alice", svc.api_key), ("bob", svc.other_key))]}))
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(RUN_CONFIG)
+    report = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "schemathesis.cli", "--config-file", str(config), "run",
+           f"{svc.url}/openapi.json", "--auth-wfc", str(auth), "--checks", "all", "--mode", "all",
+           "--max-examples", str(RUN_EXAMPLES), "--seed", str(SEED), "--workers", "1",
+           "--continue-on-failure", "--no-shrink", "--request-timeout", "60",
+           "--report", "json", "--report-json-path", str(report)]
+    started = time.monotonic()
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    took = time.monotonic() - started
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
+    run = json.loads(report.read_text())
+    assert run["complete"] and run["failures"] == [] and run["errors"] == [], run
+    assert run["operations"]["tested"] == run["operations"]["total"] == len(
+        [op for ops in OPENAPI["paths"].values() for op in ops])
+    assert {p: v["status"] for p, v in run["phases"].items() if p != "examples"} == {
+        "coverage": "success", "fuzzing": "success", "stateful": "success"}, run["phases"]
+    # Only the operations named above may refuse most schema-valid input.
+    assert all(re.match(CONTENT_CHECKED, label.split(" ")[1])
+               for label in run["warnings"]["validation_mismatch"]), run["warnings"]
+    assert run["test_cases"]["generated"] >= 10 * run["operations"]["total"]
+    assert svc.count_rows("jobs") == jobs_before, "a generated request started a job"
+    assert not [f for f in svc.store_files() if f.startswith("tmp/")]
+    print(f"schemathesis: {run['test_cases']['generated']} cases in {took:.0f} s")
+
+
+# ------------------------------------------------ the document as strict as validation
+
+_ID = "sha256:" + "a" * 64
+_SPEC = {**TINY_SPEC, "front": {"checkpoint": _ID}, "back": {"checkpoint": _ID}}
+# Each was allowed by the published document and refused by validation (schemathesis's
+# positive_data_acceptance found them): the document now refuses each too.
+LOOSE_SPECS = {
+    "std 0": {"front": {"checkpoint": _ID, "std": [1.0, 0.0, 1.0]}},
+    "arch a hub name": {"back": {"checkpoint": _ID, "arch": "hf-hub:org/model"}},
+    "noise sigma < 0": {"control_settings": {"noise_sigmas": [-0.1]}},
+    "alpha > 1": {"adversarial": {"alphas": [0.0, 2.0]}},
+    "alphas repeat": {"adversarial": {"alphas": [1.0, 1.0]}},
+    "objectives repeat": {"objectives": ["slm", "slm"]},
+    "no layers": {"layers": []},
+    "class_pairing repeats": {"class_pairing": [0, 0]},
+}
+
+
+def _against(schema: dict[str, Any]) -> Any:
+    import jsonschema
+
+    return jsonschema.Draft202012Validator({**schema, "components": OPENAPI["components"]})
+
+
+@pytest.mark.parametrize("change", LOOSE_SPECS.values(), ids=LOOSE_SPECS.keys())
+def test_the_published_spec_refuses_what_validation_refuses(change: dict[str, Any]) -> None:
+    from pydantic import ValidationError
+    from stitchsim.models import Spec
+
+    spec = {**_SPEC, **change}
+    with pytest.raises(ValidationError):
+        Spec.model_validate(spec)
+    body = OPENAPI["paths"]["/similarity"]["post"]["requestBody"]["content"]
+    assert not _against(body["application/json"]["schema"]).is_valid(spec)
+    assert _against(body["application/json"]["schema"]).is_valid(_SPEC)
+
+
+def _query(path: str, name: str) -> dict[str, Any]:
+    return next(p for p in OPENAPI["paths"][path]["get"]["parameters"] if p["name"] == name)
+
+
+def test_the_published_query_and_forms_refuse_what_validation_refuses() -> None:
+    from stitchsim_service.core.jobs import decode_cursor
+
+    points = "/checkpoints/{checkpoint_id}/points"
+    for name, bad, good in (("input_size", 4, 224), ("arch", "local-dir:/etc", "resnet18")):
+        schema = _against(_query(points, name)["schema"])
+        assert not schema.is_valid(bad) and schema.is_valid(good), name
+    # arch_kwargs: a JSON object in the query (OpenAPI's content parameter)
+    kwargs = _query(points, "arch_kwargs")
+    assert _against(kwargs["content"]["application/json"]["schema"]).is_valid({"drop_rate": 0.1})
+    assert not _against(kwargs["content"]["application/json"]["schema"]).is_valid(5)
+    cursor = _against(_query("/jobs", "cursor")["schema"])
+    for bad in ("", *FORGED_CURSORS):
+        assert not cursor.is_valid(bad), bad
+        with pytest.raises(Exception, match="cursor is not one this service issued"):
+            decode_cursor(bad)
+    assert cursor.is_valid("1765000000123456-" + "0" * 32)
+    decode_cursor("1765000000123456-" + "0" * 32)
+    form = OPENAPI["paths"]["/similarity"]["post"]["requestBody"]["content"]
+    multipart = _against(form["multipart/form-data"]["schema"])
+    assert not multipart.is_valid({"spec": "[1]"}) and not multipart.is_valid({"other": "x"})
+    assert multipart.is_valid({"spec": json.dumps({"dataset": "digits"})})
+    for upload in ("/checkpoints", "/datasets"):
+        form = OPENAPI["paths"][upload]["post"]["requestBody"]["content"]["multipart/form-data"]
+        assert not _against(form["schema"]).is_valid({"file": "x", "spec": "{}"}), upload

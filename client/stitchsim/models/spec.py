@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    field_validator,
+    model_validator,
+)
 
 from stitchsim import catalogue
 from stitchsim.models.vocabulary import (
@@ -26,6 +34,20 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+T = TypeVar("T")
+
+
+def _no_repeats(v: list[T]) -> list[T]:
+    if len(set(v)) != len(v):
+        raise ValueError("values must not repeat")
+    return v
+
+
+Unique = Annotated[list[T], AfterValidator(_no_repeats),
+                   Field(json_schema_extra={"uniqueItems": True})]
+"""A list whose values must not repeat; the JSON schema says so too (uniqueItems)."""
+
+
 class LocalPath(_Strict):
     """A file on the machine that runs the job (only for `stitchsim-server run`)."""
 
@@ -37,7 +59,8 @@ class ModelRef(_Strict):
         description='"sha256:<hex>" of an uploaded checkpoint, or {"path": ...} for local runs'
     )
     arch: str | None = Field(
-        default=None, description="a timm name, or SOURCE:NAME of another model source ("
+        default=None, json_schema_extra={"pattern": catalogue.ARCH_PATTERN},
+        description="a timm name, or SOURCE:NAME of another model source ("
         + ", ".join(catalogue.MODEL_SOURCES.names) + "); else the checkpoint's metadata or "
         "config.json"
     )
@@ -54,7 +77,7 @@ class ModelRef(_Strict):
         "inception force one; explicit mean/std win over all of these",
     )
     mean: tuple[float, float, float] | None = None
-    std: tuple[float, float, float] | None = None
+    std: tuple[PositiveFloat, PositiveFloat, PositiveFloat] | None = None
     output: OutputKind | None = Field(
         default=None,
         description="what the model outputs: " + catalogue.OUTPUT_KINDS.describe() + ". "
@@ -70,13 +93,6 @@ class ModelRef(_Strict):
             prefixes = ", ".join(f"{e.prefix}:" for e in catalogue.MODEL_SOURCES)
             raise ValueError(f"arch must be a plain timm model name or SOURCE:NAME with a "
                              f"source prefix of {prefixes} got {v!r}")
-        return v
-
-    @field_validator("std")
-    @classmethod
-    def _positive_std(cls, v: tuple[float, float, float] | None) -> Any:
-        if v is not None and min(v) <= 0:
-            raise ValueError("std values must be positive")
         return v
 
 
@@ -235,19 +251,13 @@ class IRISettings(_Strict):
 
 
 class ControlSettings(_Strict):
-    noise_sigmas: list[float] = Field(default=[0.1, 0.3], min_length=1, max_length=10)
+    noise_sigmas: list[Annotated[float, Field(ge=0, le=10)]] = Field(
+        default=[0.1, 0.3], min_length=1, max_length=10)
     shortcut_marker: int = Field(default=4, ge=1, le=32, description="marker side in pixels")
     cues: list[Cue] = Field(
         default=list(catalogue.CUES.names), min_length=1,
         description="unseen cues the shortcut control paints: " + catalogue.CUES.describe(),
     )
-
-    @field_validator("noise_sigmas")
-    @classmethod
-    def _nonneg(cls, v: list[float]) -> list[float]:
-        if any(s < 0 or s > 10 for s in v):
-            raise ValueError("noise sigmas must lie in [0, 10]")
-        return v
 
 
 class AdversarialSettings(_Strict):
@@ -268,7 +278,7 @@ class AdversarialSettings(_Strict):
         "replaced by PGD inputs crafted against the stitched model (the paper's stitching "
         "experiment runs 0 and 1; 0.5 is its ratio for training base models)",
     )
-    alphas: list[float] | None = Field(
+    alphas: Unique[Annotated[float, Field(ge=0, le=1)]] | None = Field(
         default=None, min_length=1, max_length=5,
         description="several alphas in one job (e.g. [0, 1]: alpha 0 is the clean arm); each "
         "adversarial protocol runs once per alpha and its rows carry their alpha; unset: "
@@ -301,16 +311,6 @@ class AdversarialSettings(_Strict):
         "says); unset: `step_size` (the paper's eps_step is its training step: 2/255 at 32 px)",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
-
-    @field_validator("alphas")
-    @classmethod
-    def _alphas_in_range(cls, v: list[float] | None) -> list[float] | None:
-        if v is not None:
-            if any(not 0 <= a <= 1 for a in v):
-                raise ValueError("every alpha must lie in [0, 1]")
-            if len(set(v)) != len(v):
-                raise ValueError("alphas must not repeat")
-        return v
 
     def alpha_list(self) -> list[float]:
         """The alphas each adversarial protocol runs at, smallest first: the last (the most
@@ -375,28 +375,29 @@ class Spec(_Strict):
         description="cross_task protocol: the front model's own dataset (the back model's is "
         "`dataset`); both need the same number of classes, paired by `class_pairing`",
     )
-    class_pairing: list[int] | None = Field(
-        default=None, max_length=10_000,
+    class_pairing: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None, max_length=10_000, json_schema_extra={"uniqueItems": True},
         description="cross_task: back-model class of each front-model class (default: by index)",
     )
-    layers: list[LayerPair] | Literal["auto"] = "auto"
-    objectives: list[Objective] = Field(
+    layers: Annotated[list[LayerPair], Field(min_length=1, max_length=64)] | Literal["auto"] = (
+        "auto")
+    objectives: Unique[Objective] = Field(
         default=list(catalogue.OBJECTIVES.where(default=True)), min_length=1,
         description="how each stitch is fitted: " + catalogue.OBJECTIVES.describe(),
     )
-    protocols: list[Protocol] = Field(
+    protocols: Unique[Protocol] = Field(
         default=list(catalogue.PROTOCOLS.where(default=True)), min_length=1,
         description="what each stitch is trained on: " + catalogue.PROTOCOLS.describe(),
     )
     directions: Directions = "both"
     train: TrainSettings = TrainSettings()
     iri: IRISettings = IRISettings()
-    controls: list[Control] = Field(
+    controls: Unique[Control] = Field(
         default=[], description="reference runs: " + catalogue.CONTROLS.describe(),
     )
     control_settings: ControlSettings = ControlSettings()
     adversarial: AdversarialSettings = AdversarialSettings()
-    measures: list[Measure] = Field(
+    measures: Unique[Measure] = Field(
         default=[],
         description="representation similarity measures on the same activations, on real "
         "inputs and on IRIs (opt-in: they need the back model's activations and IRIs): "
@@ -407,26 +408,12 @@ class Spec(_Strict):
     threshold: float | None = Field(default=None, ge=0, le=1)
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
 
-    @field_validator("layers")
-    @classmethod
-    def _some_layers(cls, v: Any) -> Any:
-        if isinstance(v, list) and not 1 <= len(v) <= 64:
-            raise ValueError("layers must hold between 1 and 64 stitch pairs, or be 'auto'")
-        return v
-
     @field_validator("class_pairing")
     @classmethod
     def _a_permutation(cls, v: list[int] | None) -> list[int] | None:
         if v is not None and sorted(v) != list(range(len(v))):
             raise ValueError("class_pairing must list each back-model class exactly once "
                              "(a permutation of 0..n-1)")
-        return v
-
-    @field_validator("objectives", "protocols", "controls", "measures")
-    @classmethod
-    def _unique(cls, v: list[str]) -> list[str]:
-        if len(set(v)) != len(v):
-            raise ValueError("values must not repeat")
         return v
 
     def direction_list(self) -> list[Direction]:

@@ -56,8 +56,17 @@ def readyz(ctx: Context = Depends(get_ctx)) -> JSONResponse:
     return answer(Failure("not_ready", f"not ready: {failing}", checks, retry_after=5))
 
 
-@router.get("/metrics", summary="Prometheus metrics")
-async def metrics() -> Response:
+class PrometheusText(Response):
+    """Prometheus's text exposition, with the content type prometheus_client gives it: the
+    answer and the OpenAPI document both take it from here."""
+
+    media_type = CONTENT_TYPE_LATEST
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=PrometheusText,
+            responses={200: {"description": "the Prometheus text exposition format",
+                             "content": {PrometheusText.media_type: {
+                                 "schema": {"type": "string"}}}}})
+async def metrics() -> PrometheusText:
     # The job figures are read from the table while generating: off the loop.
-    text = await run_in_threadpool(generate_latest, REGISTRY)
-    return Response(text, media_type=CONTENT_TYPE_LATEST)
+    return PrometheusText(await run_in_threadpool(generate_latest, REGISTRY))

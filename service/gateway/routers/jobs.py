@@ -71,10 +71,11 @@ def list_jobs(
     ctx: Context = Depends(get_ctx),
     owner: str = Depends(get_owner),
     limit: int = Query(20, ge=1, le=100),
-    cursor: str | None = Query(None, max_length=200, description="next_cursor of the last page"),
+    cursor: str | None = Query(None, description="next_cursor of the last page",
+                               json_schema_extra={"pattern": jobs.CURSOR_PATTERN}),
     state: JobState | None = None,
 ) -> Response:
-    decoded = jobs.decode_cursor(cursor) if cursor else None
+    decoded = jobs.decode_cursor(cursor) if cursor is not None else None
     rows, nxt = jobs.list_jobs(ctx, owner, limit=limit, cursor=decoded, state=state)
     return Response(jobs.list_json(rows, nxt), media_type=_JSON)
 

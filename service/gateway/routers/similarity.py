@@ -9,7 +9,12 @@ from typing import Any
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Header, Request, Response
 from stitchsim.failure import Failure
-from stitchsim.jsondepth import MAX_JSON_DEPTH, nested_deeper_than
+from stitchsim.jsondepth import (
+    JSON_OBJECT_TEXT,
+    MAX_JSON_DEPTH,
+    is_json_object_text,
+    nested_deeper_than,
+)
 from stitchsim.models import ErrorBody, JobCreated
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.metrics import JOBS_REJECTED
@@ -35,10 +40,12 @@ SUBMIT_OPENAPI: dict[str, Any] = {
                                   "description": "front model, .safetensors"},
                         "back": {"type": "string", "format": "binary",
                                  "description": "back model, .safetensors"},
-                        "spec": {"type": "string",
-                                 "description": "the spec as JSON; its front/back checkpoint "
-                                                "fields are filled from the files"},
+                        "spec": {"type": "string", **JSON_OBJECT_TEXT,
+                                 "description": "the spec as a JSON object; its front/back "
+                                                "checkpoint fields are filled from the files"},
                     },
+                    # Any other field is refused (UploadReceiver's text and file fields).
+                    "additionalProperties": False,
                 }
             },
         },
@@ -84,7 +91,11 @@ async def _read_body(request: Request, ctx: Context) -> tuple[Any, dict[str, Upl
                                   text_fields={"spec"})
         await receiver.receive_multipart()
         try:
-            raw = _parse_json(receiver.texts.get("spec", "{}"), "the spec field")
+            text = receiver.texts.get("spec", "{}")
+            raw = _parse_json(text, "the spec field")
+            if not is_json_object_text(text):
+                raise Failure("bad_request", "the spec field must be a JSON object, from { to }"
+                              " with nothing around it")
             for side, up in receiver.files.items():
                 await validate_safetensors(up, ctx.settings, f"the {side} checkpoint")
         except BaseException:
