@@ -75,3 +75,39 @@ def test_a_second_check_on_another_worker_reuses_the_reference_from_the_store(
         resources=Resources(cache_dir=tmp_path / "cold"))
     assert cold.environment["reference_cache"]["hits"] == 0
     assert_same_figures(_unflagged(second), _unflagged(cold), tol=0)
+
+
+def test_a_remote_store_shares_entries_and_rejects_a_corrupt_blob(tmp_path: Path) -> None:
+    """Through an fsspec store (as S3 is): a worker with an empty cache folder reads another's
+    entry, checked against its hash; a blob corrupted in the bucket is dropped, not used."""
+    import numpy as np
+    import torch
+    from stitchsim_service.core.store import FsspecStore
+    from stitchsim_worker.engine.refcache import BLOBS, ReferenceCache
+    from stitchsim_worker.reference_store import StoreEntries
+
+    bucket = tmp_path / "bucket"
+    salt = {"device": "cpu", "bf16": False, "torch": torch.__version__}
+
+    def worker(name: str) -> ReferenceCache:
+        entries = StoreEntries(FsspecStore(f"file://{bucket}"), tmp_path / name, 1 << 30)
+        return ReferenceCache(entries, tmp_path / name, salt)
+
+    one, two = worker("w1"), worker("w2")
+    key = one.key("iri", {"k": 1})
+    x = np.arange(4000, dtype=np.float32).reshape(1000, 4)
+    one.put("iri", key, {"x": x})
+    got = two.load("iri", key)
+    assert got is not None and np.array_equal(got.arrays["x"], x)
+    assert list((tmp_path / "w2" / "objects" / BLOBS).rglob("*.safetensors"))  # downloaded
+
+    (remote,) = (bucket / BLOBS).rglob("*.safetensors")
+    data = bytearray(remote.read_bytes())
+    data[-1] ^= 0xFF
+    remote.write_bytes(bytes(data))
+    three = worker("w3")  # no local copy: it downloads the corrupt blob
+    assert three.load("iri", key) is None and three.stats.rejected == 1
+    assert not remote.exists()  # dropped from the bucket, so it is written whole again
+    one.put("iri", key, {"x": x})
+    again = worker("w4").load("iri", key)
+    assert again is not None and np.array_equal(again.arrays["x"], x)
