@@ -306,9 +306,10 @@ class ReferenceCache:
             log.info("reference cache: %s entry of %d bytes is over the %d-byte limit; not kept",
                      kind, size, self.max_entry_bytes)
             return
-        self.scratch.mkdir(parents=True, exist_ok=True)
         tmp = self.scratch / f".refcache-{uuid.uuid4().hex}.tmp"
         try:
+            self.scratch.mkdir(parents=True, exist_ok=True)
+            _forget_abandoned(self.scratch)
             digest = write_blob(tmp, arrays)
             self.store.put_file(self.blob_key(digest), tmp)
             doc = {"format": FORMAT, "kind": kind, "key": key, "blob": digest, "bytes": size,
@@ -324,6 +325,16 @@ class ReferenceCache:
         finally:
             with contextlib.suppress(OSError):
                 tmp.unlink(missing_ok=True)
+
+
+def _forget_abandoned(scratch: Path, older_than_s: float = 24 * 3600) -> None:
+    """Temp files of writers killed mid-write are never read; a day is far longer than any
+    write, so an old one has no live writer."""
+    cutoff = time.time() - older_than_s
+    for tmp in scratch.glob(".refcache-*.tmp"):
+        with contextlib.suppress(OSError):
+            if tmp.stat().st_mtime < cutoff:
+                tmp.unlink()
 
 
 def _atomic_write(dest: Path, data: bytes | None = None, src: Path | None = None) -> None:

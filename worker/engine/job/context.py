@@ -85,7 +85,7 @@ class JobContext:
         device: torch.device,
     ) -> JobContext:
         """The context before any work: open() computes what every later step reads."""
-        refcache = ReferenceCache(resources.entry_store(), resources.cache_dir,
+        refcache = ReferenceCache(resources.entry_store(), resources.cache_dir / "refcache-tmp",
                                   salt(device, bf16_enabled(device)),
                                   resources.reference_cache_max_entry_bytes)
         ctx = cls(spec, prep, device, tracker,
