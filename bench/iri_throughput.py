@@ -1,6 +1,10 @@
 """IRI synthesis throughput beside its floor: one forward + backward of the front part per step.
 
 python bench/iri_throughput.py [--arch resnet18] [--point layer3] [--n 512] [--steps 20]
+                               [--method paper]
+
+The step fields are the method's preset (the paper's by default, the service's default), with
+every sample taking every step: no early stopping, no extra rounds, a constant step.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--method", default="paper",
+                        help="IRI method whose preset the steps follow (catalogue.IRI_METHODS)")
     parser.add_argument(
         "--plain-kernels",
         action="store_true",
@@ -60,6 +66,7 @@ def main() -> None:
         # Every sample takes every step: this measures the cost of a step against the floor
         # (bench/iri_convergence.py measures the steps saved by early stopping and schedules).
         settings = IRISettings(
+            method=args.method,
             steps=args.steps,
             batch_size=args.batch_size,
             schedule="constant",
@@ -97,7 +104,9 @@ def main() -> None:
     rate = args.n * args.steps / seconds
     print(
         f"IRI synthesis: {args.arch} up to {args.point}, {args.n} inputs x {args.steps} steps "
-        f"on {device} ({torch.get_num_threads()} threads, {kernels})"
+        f"on {device} ({torch.get_num_threads()} threads, {kernels}), method {args.method} "
+        f"(momentum {settings.momentum}, step {settings.step_size:.4g}, "
+        f"iterate {settings.iterate}, batch {settings.batch_size})"
     )
     print(f"  synthesis: {rate:10.0f} input-steps/s  ({seconds:.1f} s)")
     print(f"  floor:     {floor:10.0f} input-steps/s  (one forward+backward of the front part)")

@@ -37,8 +37,15 @@ def make_resources(ctx: Context, *, calibrated: bool = False) -> Any:
                 raise Failure("not_found", f"{kind[:-1]} {ref} is not in the store") from None
         return path
 
+    from stitchsim_worker.reference_store import StoreEntries
+
     # Service jobs name stored objects only: a path in a spec must never reach the disk.
+    # The reference's work lives in the store, so the next job against it on any worker
+    # reads it (engine/refcache.py).
+    max_bytes = ctx.settings.reference_cache_max_bytes
     return Resources(cache_dir=cache, checkpoint_path=resolve("checkpoints"),
+                     reference_store=StoreEntries(ctx.store, cache, max_bytes),
+                     reference_cache_max_bytes=max_bytes,
                      dataset_path=resolve("datasets"), allow_local_paths=False,
                      max_model_params=ctx.settings.max_model_params,
                      max_job_units=ctx.settings.max_job_units,

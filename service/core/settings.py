@@ -158,6 +158,12 @@ class Settings(BaseSettings):
         "when the next task arrives: an idle service holds no torch process. 0: keep them, "
         "with the engine loaded at start (no import on a job's first second)")
     cache_dir: Path | None = Field(default=None, description="worker cache; <data_dir>/cache")
+    reference_cache_max_bytes: int = Field(
+        default=20 * 1024**3, ge=0, description="the reference cache (a reference model's "
+        "IRIs, tensors and logits, kept in the store under refcache/ and shared by every "
+        "worker) is pruned to this size after each write, least recently used first: in a "
+        "local store, and in each worker's copies of a remote store's entries (a bucket's "
+        "refcache/ prefix is pruned by its lifecycle rule)")
     worker_concurrency: int = Field(default=1, ge=1)
     shutdown_grace_s: float = Field(
         default=10.0, ge=0, description="on a cold worker shutdown, how long running jobs may "

@@ -54,7 +54,8 @@ IRI_CODE = sorted(
     for folder in ("worker/engine/iri", "worker/engine/models", "worker/engine/data",
                    "worker/engine/stitching", "worker/engine/job")
     for f in (REPO / folder).rglob("*.py")
-) + ["client/stitchsim/models/spec.py", "client/stitchsim/datasets.py"]
+) + ["client/stitchsim/models/spec.py", "client/stitchsim/datasets.py",
+     "worker/engine/refcache.py"]
 
 
 def shared_cache() -> Path:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
-import numpy as np
+from stitchsim_worker.engine.refcache import PREFIX, ReferenceCache
 
 from tests.engine.jobs import FAST_IA, FAST_IRI, TINY, layers, rows, run, shared_cache, spec
 from tests.engine.permuted import permuted_copy
@@ -134,16 +135,17 @@ def _quick_iri_spec(ckpts):  # type: ignore[no-untyped-def]
 def test_corrupt_and_partial_cache_entries_are_rebuilt(ckpts, tmp_path: Path) -> None:
     s = _quick_iri_spec(ckpts)
     clean = run(s, tmp_path).results[0]
-    (entry,) = [p.parent for p in (tmp_path / "iri").rglob("meta.json")]
-    images = np.load(entry / "images.npy", mmap_mode="r+")
-    images[0, 0, 0, 0] += 0.5  # a flipped value: the recorded hash no longer matches
-    images.flush()
-    del images
+    (manifest,) = (tmp_path / PREFIX / "iri").rglob("*.json")
+    digest = json.loads(manifest.read_text())["blob"]
+    blob = tmp_path / ReferenceCache.blob_key(digest)
+    data = bytearray(blob.read_bytes())
+    data[-5] ^= 0x40  # a flipped value: the blob no longer matches its hash
+    blob.write_bytes(bytes(data))
     rebuilt = run(s, tmp_path).results[0]
     assert not rebuilt.iri.cache_hit
     assert rebuilt.agreement == clean.agreement
 
-    (entry / "meta.json").unlink()  # as if the writer died before finishing
+    blob.unlink()  # as if the blob were pruned, or never written whole
     partial = run(s, tmp_path).results[0]
     assert not partial.iri.cache_hit
     assert run(s, tmp_path).results[0].iri.cache_hit
@@ -208,14 +210,14 @@ def test_an_unwritable_cache_costs_the_cache_not_the_job(ckpts, tmp_path: Path) 
     clean = run(s, tmp_path / "ok").results[0]
     blocked = tmp_path / "blocked"
     blocked.mkdir()
-    (blocked / "iri").write_text("a file where the cache's folder should be")
+    (blocked / "refcache").write_text("a file where the cache's folder should be")
     first = run(s, blocked).results[0]
     assert first.agreement == clean.agreement and not first.iri.cache_hit
     assert not run(s, blocked).results[0].iri.cache_hit  # nothing was cached, nothing broke
 
-    # A writer killed mid-write a day ago left its temp dir: the next write clears it away.
-    abandoned = next((tmp_path / "ok" / "iri").glob("*")) / ".dead.0.tmp"
-    abandoned.mkdir()
+    # A writer killed mid-write a day ago left its temp file: the next write clears it away.
+    abandoned = tmp_path / "ok" / "refcache-tmp" / ".refcache-dead.tmp"
+    abandoned.write_bytes(b"half an entry")
     os.utime(abandoned, (0, 0))
     run(s.model_copy(update={"iri": s.iri.model_copy(update={"seed": 5})}), tmp_path / "ok")
     assert not abandoned.exists()

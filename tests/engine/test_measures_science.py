@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stitchsim.models import MeasureRow, Report
+from stitchsim_worker.engine.refcache import PREFIX
 
 from tests.engine.jobs import FAST, FAST_IRI, layers, run, spec
 from tests.engine.permuted import permuted_copy
@@ -94,4 +95,4 @@ def test_both_conditionals_across_architectures(ckpts, tmp_path: Path) -> None:
     weaker = min(("front_to_back", "back_to_front"), key=lambda d: by[(d, "iri")].value)
     assert report.summary.measure_weaker_direction == {"cka": weaker}
     # Reused from the invariance-aware protocol: no IRI synthesis of the measures' own.
-    assert len(list((tmp_path / "iri").rglob("meta.json"))) == 2
+    assert len(list((tmp_path / PREFIX / "iri").rglob("*.json"))) == 2

@@ -10,6 +10,12 @@ from typing import Protocol
 
 from stitchsim.failure import Failure
 from stitchsim.models import LocalPath
+from stitchsim_worker.engine.refcache import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_ENTRY_BYTES,
+    EntryStore,
+    FolderStore,
+)
 
 ProgressFn = Callable[[str, int, int, float | None], None]
 """progress(stage, done, total, eta_s): called as long stages advance; eta_s is the engine's
@@ -56,6 +62,17 @@ class Resources:
     """How fast the job workers do a unit, by input size (None: not calibrated)."""
     max_activation_bytes: int | None = None
     """One batch's activation at a model's largest module output (None: no limit)."""
+    reference_store: EntryStore | None = None
+    """Where the reference's work (IRIs, tensors, logits: engine/refcache.py) is kept across
+    jobs: the service passes its blob store, shared by every worker. None: a folder of
+    cache_dir, pruned to reference_cache_max_bytes."""
+    reference_cache_max_bytes: int = DEFAULT_MAX_BYTES
+    reference_cache_max_entry_bytes: int = DEFAULT_MAX_ENTRY_BYTES
+
+    def entry_store(self) -> EntryStore:
+        if self.reference_store is not None:
+            return self.reference_store
+        return FolderStore(self.cache_dir, self.reference_cache_max_bytes)
 
     def job_budget(self, input_size: int) -> tuple[int | None, float | None]:
         """The unit limit of a job at this input side, and the seconds a unit takes there

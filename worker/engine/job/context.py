@@ -9,16 +9,23 @@ from dataclasses import dataclass, field
 
 import torch
 from stitchsim.models import Direction, Spec
+from stitchsim_worker.engine.device import bf16_enabled
 from stitchsim_worker.engine.errors import JobCancelled
 from stitchsim_worker.engine.iri.cache import IRICache
 from stitchsim_worker.engine.job.costs import Sizes, passes
 from stitchsim_worker.engine.job.prepare import Prepared
 from stitchsim_worker.engine.job.progress import Tracker, Units
 from stitchsim_worker.engine.models.network import Network
+from stitchsim_worker.engine.refcache import ReferenceCache, salt
 from stitchsim_worker.engine.resources import Resources
 from stitchsim_worker.engine.stitching.bank import Bank, BankBuilder
 
 EVAL_BATCH = 256
+
+
+def test_inputs(digest: str) -> str:
+    """The identity of a dataset's test split as inputs (the dataset digest names its sizes)."""
+    return f"{digest}|test-split"
 
 
 def points_of(direction: Direction, pair: tuple[str, str]) -> tuple[str, str]:
@@ -61,7 +68,8 @@ class JobContext:
     device: torch.device
     tracker: Tracker
     banks: BankBuilder
-    iri_cache: IRICache
+    refcache: ReferenceCache
+    iri_cache: IRICache = field(init=False)
     train_pixels: Bank = field(init=False)
     test_pixels: Bank = field(init=False)
     test_logits: dict[str, Bank] = field(init=False)  # each model on the test split
@@ -77,9 +85,12 @@ class JobContext:
         device: torch.device,
     ) -> JobContext:
         """The context before any work: open() computes what every later step reads."""
+        refcache = ReferenceCache(resources.entry_store(), resources.cache_dir / "refcache-tmp",
+                                  salt(device, bf16_enabled(device)),
+                                  resources.reference_cache_max_entry_bytes)
         ctx = cls(spec, prep, device, tracker,
-                  BankBuilder(resources.memory_budget_bytes, resources.cache_dir),
-                  IRICache(resources.cache_dir))
+                  BankBuilder(resources.memory_budget_bytes, resources.cache_dir), refcache)
+        ctx.iri_cache = IRICache(refcache)
         # The dataset's pixels are banks already (in memory, or mapped from its file).
         ctx.train_pixels = prep.data.train.pixels
         ctx.test_pixels = prep.data.test.pixels
@@ -88,15 +99,16 @@ class JobContext:
     def open(self) -> None:
         """Each model's logits on its test split (and the front model's on its own task's)."""
         prep = self.prep
-        self.test_logits = {net.where: self._logits(net, self.test_pixels)
+        test = test_inputs(prep.data.digest)
+        self.test_logits = {net.where: self._logits(net, self.test_pixels, test)
                             for net in (prep.front, prep.back)}
         self.own_pixels = {w: (self.train_pixels, self.test_pixels) for w in ("front", "back")}
         self.own_test_logits = dict(self.test_logits)
         if prep.front_data is not None:
             own = prep.front_data
             self.own_pixels["front"] = (own.train.pixels, own.test.pixels)
-            self.own_test_logits["front"] = self._logits(prep.front,
-                                                         self.own_pixels["front"][1])
+            self.own_test_logits["front"] = self._logits(prep.front, self.own_pixels["front"][1],
+                                                         test_inputs(own.digest))
 
     @staticmethod
     def open_units(spec: Spec, sizes: Sizes) -> Units:
@@ -106,8 +118,9 @@ class JobContext:
             n += passes(sizes.front_test, spec.train.batch_size)
         return Units(forward=n)
 
-    def _logits(self, net: Network, pixels: Bank) -> Bank:
-        return self.compute(pixels, lambda x: (net.logits(x),), self.spec.train.batch_size)[0]
+    def _logits(self, net: Network, pixels: Bank, inputs: str) -> Bank:
+        return self.model_compute(net, "logits", inputs, pixels, lambda x: (net.logits(x),),
+                                  self.spec.train.batch_size)[0]
 
     def close(self) -> None:
         self.banks.close()
@@ -130,6 +143,28 @@ class JobContext:
             return fn(pixels[sl].to(self.device))
 
         return self.banks.compute(pixels.n, batch_size, batch, self.tracker.step)
+
+    def model_compute(
+        self, net: Network, what: str, inputs: str | None, pixels: Bank,
+        fn: Callable[[torch.Tensor], tuple[torch.Tensor, ...]], batch_size: int = EVAL_BATCH,
+    ) -> list[Bank]:
+        """compute() of work that reads one model alone: `what` it computes (the part and
+        point), on the inputs whose identity is `inputs` (None: not identified, not kept).
+        The reference's (the front model's: a check's reference is always the front) is kept
+        in the reference cache and read back by every later job against it; a candidate's is
+        not kept, since no later job asks for it."""
+        if inputs is None or net.where != "front":
+            return self.compute(pixels, fn, batch_size)
+        key = self.refcache.key("act", {"model": self.identity(net), "what": what,
+                                        "inputs": inputs, "n": pixels.n, "batch": batch_size})
+        entry = self.refcache.load("act", key)
+        if entry is not None:
+            out = [entry.bank(f"out{k}", self.banks) for k in range(len(entry.arrays))]
+            self.tracker.step(passes(pixels.n, batch_size))  # the batches, done already
+            return out
+        out = self.compute(pixels, fn, batch_size)
+        self.refcache.put("act", key, {f"out{k}": b for k, b in enumerate(out)})
+        return out
 
     # ---- the stitches
 

@@ -165,7 +165,8 @@ def _report(ran: Ran) -> Report:
         iri_settings=spec.iri if _made_iris(results + ran.controls, measured.rows) else None,
         warnings=[*_undetermined(front, back), *ctx.warnings],
         notes=_notes(spec, prep, ran),
-        environment=_environment(ran.device, ran.tracker, spec.train.seed, ran.seconds),
+        environment={**_environment(ran.device, ran.tracker, spec.train.seed, ran.seconds),
+                     "reference_cache": ctx.refcache.stats.as_dict()},
         method=method_record(spec),
     )
     # Sealed last: the digest covers every figure, so a report file edited by hand is told.

@@ -63,7 +63,9 @@ def invariance_aware_split(
     ctx: JobContext, cut: Cut, inputs: InputSet, points: list[str]
 ) -> tuple[Split, IRIStats | None]:
     result = _iris(ctx, cut, inputs)
-    return train_split(ctx, cut, result.images, inputs.labels, points), result.stats
+    # The IRIs' key names them: the same key, the same IRIs (on one device type).
+    iris = f"iri:{iri.cache_key(ctx.identity(cut.f), cut.i, inputs.digest, ctx.spec.iri)}"
+    return train_split(ctx, cut, result.images, inputs.labels, points, iris), result.stats
 
 
 def iris_and_extraction(spec: Spec, n: int) -> Units:

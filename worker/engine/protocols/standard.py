@@ -17,7 +17,7 @@ from stitchsim_worker.engine.stitching.activations import InputSet, Split, train
 def standard_split(
     ctx: JobContext, cut: Cut, inputs: InputSet, points: list[str]
 ) -> tuple[Split, IRIStats | None]:
-    return train_split(ctx, cut, inputs.pixels, inputs.labels, points), None
+    return train_split(ctx, cut, inputs.pixels, inputs.labels, points, inputs.digest), None
 
 
 def extraction_units(_spec: Spec, n: int) -> Units:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext, test_inputs
 from stitchsim_worker.engine.job.costs import Sizes, passes
 from stitchsim_worker.engine.job.progress import Units
 from stitchsim_worker.engine.stitching.bank import Bank
@@ -46,19 +46,24 @@ class InputSet:
 
 
 def train_split(
-    ctx: JobContext, cut: Cut, pixels: Bank, labels: torch.Tensor, points: list[str]
+    ctx: JobContext, cut: Cut, pixels: Bank, labels: torch.Tensor, points: list[str],
+    identity: str | None = None,
 ) -> Split:
-    """Stitch inputs f<=i(x), the back model's logits and its tensors at `points` (j first)."""
+    """Stitch inputs f<=i(x), the back model's logits and its tensors at `points` (j first);
+    `identity` names the pixels' content (the reference's share is then kept across jobs)."""
     probe, front = cut.g.probe(points), cut.f.front(cut.i)
-    logits, *feats = ctx.compute(pixels, lambda x: (*probe(x),))
-    (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
+    logits, *feats = ctx.model_compute(cut.g, f"probe {points}", identity, pixels,
+                                       lambda x: (*probe(x),))
+    (inputs,) = ctx.model_compute(cut.f, f"front {cut.i}", identity, pixels,
+                                  lambda x: (front(x),))
     return Split(inputs, labels, logits, feats, pixels)
 
 
 def test_split(ctx: JobContext, cut: Cut) -> Split:
     """The test split: f<=i(x) and g(x) (already computed once per job)."""
     front = cut.f.front(cut.i)
-    (inputs,) = ctx.compute(ctx.test_pixels, lambda x: (front(x),))
+    (inputs,) = ctx.model_compute(cut.f, f"front {cut.i}", test_inputs(ctx.prep.data.digest),
+                                  ctx.test_pixels, lambda x: (front(x),))
     data = ctx.prep.data.test
     return Split(inputs, data.labels, ctx.test_logits[cut.g.where], [], ctx.test_pixels)
 
