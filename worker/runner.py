@@ -41,6 +41,7 @@ def make_resources(ctx: Context, *, calibrated: bool = False) -> Any:
     return Resources(cache_dir=cache, checkpoint_path=resolve("checkpoints"),
                      dataset_path=resolve("datasets"), allow_local_paths=False,
                      max_model_params=ctx.settings.max_model_params,
+                     max_model_modules=ctx.settings.max_model_modules,
                      max_job_units=ctx.settings.max_job_units,
                      calibration=job_workers_calibration(ctx) if calibrated else None,
                      max_activation_bytes=ctx.settings.max_activation_bytes)
@@ -136,7 +137,7 @@ def stitch_points_doc(ctx: Context, checkpoint_id: str, ref: dict[str, Any]) -> 
     try:
         model_ref = ModelRef.model_validate({**ref, "checkpoint": checkpoint_id})
         path, _ = make_resources(ctx).checkpoint(checkpoint_id)
-        listing = checkpoint_points(model_ref, path)
+        listing = checkpoint_points(model_ref, path, limits=make_resources(ctx).build_limits)
     except Failure as failure:
         return {"failure": _carried(failure).as_dict()}
     except MemoryError:

@@ -71,7 +71,8 @@ def _check_size(model: LoadedModel, where: str, limit: int | None) -> None:
 def _network(spec: Spec, where: str, resources: Resources, data: Dataset) -> Network:
     ref = getattr(spec, where)
     path, _ = resources.checkpoint(ref.checkpoint)
-    model: LoadedModel = meta_model(ref, path, where=where, native_size=data.image_size)
+    model: LoadedModel = meta_model(ref, path, where=where, native_size=data.image_size,
+                                    limits=resources.build_limits)
     _check_size(model, where, resources.max_model_params)
     check_classes(model, data, where)
     return Network(model, data.image_size, META, where)
