@@ -234,7 +234,7 @@ def _blamed(build: Callable[[Mapping[str, Any]], nn.Module], given: Given, where
     """The Failure naming the field without which the build succeeds (tried one at a time,
     on the meta device, within ISOLATION_BUDGET_S); every given field when none is alone."""
     field = _culprit(build, given, limits)
-    said = _library_words(exc, field)
+    said = library_words(exc, field)
     if field is not None:
         value = _show(given.fields[field])
         if isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc):
@@ -276,7 +276,7 @@ _INTERNAL = re.compile(r"\b[A-Z][A-Za-z]+(Error|Exception)\b|Expected cond|0x[0-
                        r"|__\w+__|Traceback")
 
 
-def _library_words(exc: Exception, field: str | None) -> str:
+def library_words(exc: Exception, field: str | None) -> str:
     """The library's message where it speaks of the field in its own terms (transformers'
     "hidden size (30) is not a multiple of ..."); nothing where it is an internal assertion
     or names internal classes (torch's "Expected cond to be True")."""
