@@ -51,6 +51,15 @@ _NOT_SIZES = frozenset({"chunk_size_feed_forward", "pad_token_id", "bos_token_id
                         "eos_token_id", "decoder_start_token_id", "sep_token_id"})
 
 
+INTERRUPTS: list[type[BaseException]] = [MemoryError]
+"""Exceptions that stop a build from outside (out of memory, the host's time limit: the worker
+adds Celery's SoftTimeLimitExceeded) and are never the config's fault: passed on as they are."""
+
+
+def interrupted(exc: BaseException) -> bool:
+    return isinstance(exc, tuple(INTERRUPTS))
+
+
 @dataclass(frozen=True)
 class BuildLimits:
     """How much a build may register before it is stopped."""
@@ -209,6 +218,8 @@ def guarded_build(build: Callable[[Mapping[str, Any]], nn.Module], given: Given,
         with _counting(count):
             net = build(given.fields)
     except Exception as exc:  # noqa: BLE001 - a user's config broke the library: theirs to fix
+        if interrupted(exc):
+            raise
         if count.over is not None:  # whatever the library made of our stop
             raise _too_large(given, where, label, count) from None
         if isinstance(exc, Failure):
@@ -266,7 +277,9 @@ def _culprit(build: Callable[[Mapping[str, Any]], nn.Module], given: Given,
         try:
             with torch.device("meta"), _counting(_Count(limits)):
                 build(rest)
-        except Exception:  # noqa: BLE001, S112 - still broken without it: not this field
+        except Exception as exc:  # noqa: BLE001 - still broken without it: not this field
+            if interrupted(exc):
+                raise
             continue
         return name
     return None

@@ -19,7 +19,7 @@ from stitchsim_worker.engine.models.cutting import (
     PointTrace,
     module_order,
 )
-from stitchsim_worker.engine.models.guard import library_words
+from stitchsim_worker.engine.models.guard import interrupted, library_words
 from stitchsim_worker.engine.models.loading import LoadedModel
 from stitchsim_worker.engine.stitching.layer import Rep, rep_of
 from torch import nn
@@ -49,6 +49,8 @@ class Network:
                 self.traces: dict[str, PointTrace] = module_order(self.net,
                                                                    self._input(example))
         except Exception as e:  # noqa: BLE001 - any failure here is a model/input mismatch
+            if interrupted(e):
+                raise
             said = library_words(e, None)
             raise Failure(
                 "invalid_input_size",
