@@ -244,13 +244,16 @@ def _blamed(build: Callable[[Mapping[str, Any]], nn.Module], given: Given, where
             label: str, limits: BuildLimits, exc: Exception) -> Failure:
     """The Failure naming the field without which the build succeeds (tried one at a time,
     on the meta device, within ISOLATION_BUDGET_S); every given field when none is alone."""
+    named = _ARGUMENT.search(str(exc)) if isinstance(exc, TypeError) else None
+    if named is not None and named.group(2) in given.fields:
+        # Python's own words name the argument: no need to build again to find it.
+        why = ("is not an argument {label} takes" if named.group(1) == "unexpected"
+               else "is fixed by {label} (its name sets it)").format(label=label)
+        return _refuse(given, where, named.group(2), f"{why}; remove it")
     field = _culprit(build, given, limits)
     said = library_words(exc, field)
     if field is not None:
         value = _show(given.fields[field])
-        if isinstance(exc, TypeError) and "unexpected keyword argument" in str(exc):
-            return _refuse(given, where, field, f"is not an argument {label} takes; remove it",
-                           value=value)
         return _refuse(given, where, field, f"= {value} does not build {label}"
                        f"{f' ({said})' if said else ''}; fix or remove it",
                        value=value)
@@ -260,6 +263,8 @@ def _blamed(build: Callable[[Mapping[str, Any]], nn.Module], given: Given, where
                    f"({names}){f': {said}' if said else ''}; check their values",
                    {"file": given.origin, "fields": sorted(given.fields)})
 
+
+_ARGUMENT = re.compile(r"(unexpected|multiple values for) keyword argument '(\w+)'")
 
 # Fields that identify what is built rather than size it: dropping them proves nothing.
 _IDENTITY = frozenset({"model_type", "architectures", "architecture", "transformers_version"})

@@ -322,11 +322,15 @@ def _built(entry: SourceEntry, build: Build, on_meta: bool, origin: str,
         return guarded_build(make, given, build.where, label, limits)
 
 
-def random_model(arch: str, kwargs: dict[str, Any], native_size: int = 32) -> LoadedModel:
-    """An architecture with random weights: enough to list stitch points and shapes."""
+def random_model(arch: str | None, kwargs: dict[str, Any] | None, native_size: int = 32, *,
+                 meta: dict[str, str] | None = None, on_meta: bool = False,
+                 limits: BuildLimits = BuildLimits()) -> LoadedModel:
+    """An architecture with random weights (or none: on_meta): enough to list stitch points
+    and shapes. `meta`: a checkpoint's metadata as a folder's would carry it (config.json)."""
     ref = ModelRef(checkpoint="-", arch=arch, arch_kwargs=kwargs)
-    net, arch, kwargs, entry, info = _made(ref, {}, "arch", on_meta=False)
-    return _loaded(net, arch, kwargs, "", _choice(ref, {}, info, native_size, "arch"),
+    meta = meta or {}
+    net, arch, kwargs, entry, info = _made(ref, meta, "arch", on_meta=on_meta, limits=limits)
+    return _loaded(net, arch, kwargs, "", _choice(ref, meta, info, native_size, "arch"),
                    entry.name, info)
 
 
