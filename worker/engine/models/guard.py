@@ -42,7 +42,7 @@ ISOLATION_BUDGET_S = 5.0
 # A size field by its name: counts (num_*), widths (*_size, *_dim, *_heads, *_channels) and
 # depths (depth, depths, *_layers). Names are the libraries' (timm, torchvision, transformers).
 _COUNT = re.compile(r"^(num_.+|.+_(size|sizes|dim|dims|depth|depths|layers|heads|channels|chans"
-                    r"|features|ratio_int)|depths?|width|layers|img_size|image_size)$")
+                    r"|ratio_int)|depths?|width|layers|img_size|image_size)$")
 # Widths and divisors: 0 is never meaningful (num_classes=0 is: a headless timm model).
 _WIDTH = re.compile(r"^(.+_(size|sizes|dim|dims|heads|channels|chans)|width)$")
 _LAYERS = re.compile(r"^(depths?|layers|num_(hidden_)?layers|num_.+_layers|.+_depths?)$")
@@ -109,6 +109,8 @@ def _ints(value: Any) -> list[int] | None:
 def _is_size(name: str, default: Any) -> bool:
     if name in _NOT_SIZES:
         return False
+    if default is not None and (isinstance(default, bool) or _ints(default) is None):
+        return False  # the library holds something else there (out_features: stage names)
     if _COUNT.match(name):
         return True
     # A field the library's defaults hold as a whole number is a size whatever its name.
@@ -236,8 +238,10 @@ def _too_large(given: Given, where: str, label: str, count: _Count) -> Failure:
         f"{where}: {label} as {given.origin} describes it has {count.over}, more than this "
         "service builds (STITCHSIM_MAX_MODEL_PARAMS, STITCHSIM_MAX_MODEL_MODULES); make it "
         f"smaller: {_size_fields(given)}",
-        {"file": given.origin, "limit_params": count.limits.max_params,
-         "limit_modules": count.limits.max_modules})
+        {"file": given.origin, "parameters": count.params, "modules": count.modules,
+         "limit": count.limits.max_params if count.over.endswith("parameters")
+         else count.limits.max_modules,
+         "limit_params": count.limits.max_params, "limit_modules": count.limits.max_modules})
 
 
 def _blamed(build: Callable[[Mapping[str, Any]], nn.Module], given: Given, where: str,
