@@ -66,7 +66,8 @@ class BuildLimits:
 
     max_params: int | None = None
     """Parameters (None: no limit, as in `stitchsim-server run`)."""
-    max_modules: int = DEFAULT_MAX_MODULES
+    max_modules: int | None = DEFAULT_MAX_MODULES
+    """Modules (None: no limit, for a job's build of a spec its check already passed)."""
 
 
 @dataclass(frozen=True)
@@ -176,8 +177,9 @@ class _Count:
 
     def module(self, *_: Any) -> None:
         self.modules += 1
-        if self.modules > self.limits.max_modules:
-            self._stop(f"more than {self.limits.max_modules:,} modules")
+        limit = self.limits.max_modules
+        if limit is not None and self.modules > limit:
+            self._stop(f"more than {limit:,} modules")
 
     def param(self, _module: nn.Module, _name: str, param: Any) -> None:
         if param is None:

@@ -39,6 +39,9 @@ from torch import nn
 
 log = logging.getLogger("stitchsim.engine")
 
+UNBOUNDED = BuildLimits(max_params=None, max_modules=None)
+"""A job's build: its spec check bounded the same build with the operator's limits."""
+
 # Lists in error messages are cut here; a 500-key diff helps nobody.
 _MAX_LISTED = 8
 
@@ -340,7 +343,9 @@ def build_model(
     """Build the architecture with its source, load the checkpoint strictly, freeze it."""
     meta = read_metadata(path)
     shapes = _strip_wrapper_prefix(_read(path, where, shapes_only=True))
-    net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=False, ckpt=shapes)
+    # The spec check bounded this build with the operator's limits; a job builds what passed.
+    net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=False, ckpt=shapes,
+                                           limits=UNBOUNDED)
     layout = _check_fit(net, shapes, arch, kwargs, where, meta, entry)
     if layout and entry.load is not None:
         entry.load(net, path, layout)
