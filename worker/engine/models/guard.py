@@ -46,6 +46,8 @@ _COUNT = re.compile(r"^(num_.+|.+_(size|sizes|dim|dims|depth|depths|layers|heads
 # Widths and divisors: 0 is never meaningful (num_classes=0 is: a headless timm model).
 _WIDTH = re.compile(r"^(.+_(size|sizes|dim|dims|heads|channels|chans)|width)$")
 _LAYERS = re.compile(r"^(depths?|layers|num_(hidden_)?layers|num_.+_layers|.+_depths?)$")
+# Label names and their indices: data, not a sub-config.
+_LABEL_MAPS = frozenset({"id2label", "label2id"})
 # Fields whose names match but that are not sizes (transformers' chunking switch, ids).
 _NOT_SIZES = frozenset({"chunk_size_feed_forward", "pad_token_id", "bos_token_id",
                         "eos_token_id", "decoder_start_token_id", "sep_token_id"})
@@ -125,7 +127,7 @@ def check_fields(given: Given, where: str, prefix: str = "") -> None:
     layers = 0
     for key, value in given.fields.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict):  # a sub-config (vision_config, text_config ...)
+        if isinstance(value, dict) and key not in _LABEL_MAPS:  # a sub-config (vision_config)
             origin, code = given.origin_of(name)
             check_fields(Given(value, origin, code), where, f"{name}.")
             continue
