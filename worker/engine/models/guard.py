@@ -114,10 +114,8 @@ def _is_size(name: str, default: Any) -> bool:
         return False
     if default is not None and (isinstance(default, bool) or _ints(default) is None):
         return False  # the library holds something else there (out_features: stage names)
-    if _COUNT.match(name):
-        return True
-    # A field the library's defaults hold as a whole number is a size whatever its name.
-    return default is not None and _ints(default) is not None and not isinstance(default, bool)
+    # By its name; or a field the library's defaults hold as a whole number, whatever its name.
+    return bool(_COUNT.match(name)) or default is not None
 
 
 def check_fields(given: Given, where: str, prefix: str = "") -> None:
