@@ -4,18 +4,22 @@ tasks in tasks.py only call these."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
+from celery.exceptions import SoftTimeLimitExceeded
 from stitchsim.failure import Failure
 from stitchsim.models import Progress, Spec
 from stitchsim_service.core import jobs
 from stitchsim_service.core.context import Context
+from stitchsim_service.core.quotas import free_check_slot
 from stitchsim_service.core.store import StoreError, object_key, report_key
 
 log = logging.getLogger("stitchsim.worker")
@@ -48,6 +52,7 @@ def make_resources(ctx: Context, *, calibrated: bool = False) -> Any:
                      reference_cache_max_bytes=max_bytes,
                      dataset_path=resolve("datasets"), allow_local_paths=False,
                      max_model_params=ctx.settings.max_model_params,
+                     max_model_modules=ctx.settings.max_model_modules,
                      max_job_units=ctx.settings.max_job_units,
                      calibration=job_workers_calibration(ctx) if calibrated else None,
                      max_activation_bytes=ctx.settings.max_activation_bytes)
@@ -92,17 +97,56 @@ def estimate_of(ctx: Context, units: int, expected: int,
     return {"units": units, "seconds": round(expected * spu, 1)}
 
 
+@contextlib.contextmanager
+def check_slot_held(ctx: Context, slot: str | None) -> Iterator[None]:
+    """Frees the key's pending-check slot when the check task ends, however it ends: the
+    gateway may have stopped waiting long before (service/core/submit.py pending_check)."""
+    try:
+        yield
+    finally:
+        if slot:
+            try:
+                with ctx.db.write() as session:
+                    free_check_slot(session, slot)
+            except Exception as exc:  # noqa: BLE001 - the slot's expiry frees it then
+                log.warning("could not free pending-check slot %s: %s", slot, exc)
+
+
+def _celery_interrupts() -> None:
+    """Tell the engine that Celery's soft time limit stops a check from outside: a build it
+    interrupts is not the config's fault (models.guard)."""
+    from stitchsim_worker.engine.models import guard
+
+    if SoftTimeLimitExceeded not in guard.INTERRUPTS:
+        guard.INTERRUPTS.append(SoftTimeLimitExceeded)
+
+
+def _timed_out(ctx: Context, what: str) -> dict[str, Any]:
+    """The check ran out of its own time: the spec's models are too slow to build (the queue's
+    wait does not count: a task that waited too long expires unstarted). Not retried."""
+    limit = ctx.settings.check_timeout_s
+    return {"failure": Failure(
+        "spec_check_timeout",
+        f"{what} took longer than the spec check's {limit:g} s (STITCHSIM_CHECK_TIMEOUT_S): the "
+        "models the spec's arch, arch_kwargs or config.json describe are too large or too slow "
+        "to build; make them smaller (layer counts, widths, image_size). Sending it again "
+        "takes as long", {"check_timeout_s": limit}).as_dict()}
+
+
 def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
     """{"estimate": Estimate} when the spec can run; else {"failure": the engine's Failure as
     a dict}, which the gateway raises again as it is (service/core/queue.py CheckOutcome)."""
     from stitchsim_worker.engine import check_spec
 
+    _celery_interrupts()
     spec = Spec.model_validate(spec_doc)
     try:
         checked = check_spec(spec, resources=make_resources(ctx, calibrated=True))
     except Failure as failure:
         failure = _with_points_route(_with_estimate(ctx, failure), spec)
         return {"failure": _carried(failure).as_dict()}
+    except SoftTimeLimitExceeded:
+        return _timed_out(ctx, "checking this spec")
     except MemoryError:
         # The check's own address-space limit (STITCHSIM_CHECK_MEMORY_BYTES) stopped it: the
         # spec asks for more than the estimates caught, and far more than a job may use.
@@ -111,6 +155,10 @@ def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
             "job_too_large", "checking this spec ran out of the spec check's memory limit "
             f"({limit:,} bytes, STITCHSIM_CHECK_MEMORY_BYTES); use smaller models, inputs or "
             "datasets", {"check_memory_bytes": limit}).as_dict()}
+    except Exception as exc:  # a bug of ours, answered as one rather than as a busy checker
+        log.exception("checking a spec failed")
+        return {"failure": Failure("internal", "checking the spec failed unexpectedly "
+                                   f"({type(exc).__name__}); it has been logged").as_dict()}
     return {"estimate": estimate_of(ctx, checked.units, checked.expected_units,
                                     checked.seconds_per_unit)}
 
@@ -140,12 +188,15 @@ def stitch_points_doc(ctx: Context, checkpoint_id: str, ref: dict[str, Any]) -> 
     from stitchsim.models import ModelRef
     from stitchsim_worker.engine.models.points import checkpoint_points
 
+    _celery_interrupts()
     try:
         model_ref = ModelRef.model_validate({**ref, "checkpoint": checkpoint_id})
         path, _ = make_resources(ctx).checkpoint(checkpoint_id)
-        listing = checkpoint_points(model_ref, path)
+        listing = checkpoint_points(model_ref, path, limits=make_resources(ctx).build_limits)
     except Failure as failure:
         return {"failure": _carried(failure).as_dict()}
+    except SoftTimeLimitExceeded:
+        return _timed_out(ctx, "listing this model's stitch points")
     except MemoryError:
         return {"failure": Failure(
             "job_too_large", "listing this model's stitch points ran out of the spec check's "

@@ -84,6 +84,9 @@ _ENTRIES = _GENERIC + (
     _c("report_unavailable", 503, False, True, "the report cannot be read from the store now"),
     _c("spec_check_busy", 503, False, True, "no spec check answered in time; the job was not "
        "queued"),
+    _c("spec_check_timeout", 422, True, False, "checking the spec ran past the check's time "
+       "limit: its own models (arch_kwargs, config.json) are too large or slow to build; the "
+       "same spec would time out again"),
     _c("broker_unavailable", 503, False, True, "the job queue is unreachable"),
     _c("store_unavailable", 503, False, True, "the blob store cannot be read or written"),
     _c("database_unavailable", 503, False, True, "the job table is unreachable"),

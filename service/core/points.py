@@ -18,7 +18,7 @@ from stitchsim_service.core import objects
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.errors import NotFoundError
 from stitchsim_service.core.queue import POINTS_TASK, CheckOutcome
-from stitchsim_service.core.submit import _pending_check
+from stitchsim_service.core.submit import pending_check
 
 log = logging.getLogger("stitchsim.points")
 
@@ -35,8 +35,9 @@ def stitch_points(ctx: Context, owner: str, checkpoint_id: str,
     assert ctx.queue is not None
     timeout = ctx.settings.check_timeout_s or DEFAULT_TIMEOUT_S
     given = {k: v for k, v in ref.items() if v is not None}
-    with _pending_check(ctx, owner):
-        out = ctx.queue.ask_checker(POINTS_TASK, [checkpoint_id, given], timeout)
+    with pending_check(ctx, owner, timeout) as slot:
+        out = ctx.queue.ask_checker(POINTS_TASK, [checkpoint_id, given], timeout, slot.token)
+        slot.running = isinstance(out, CheckOutcome) and out.running
     if isinstance(out, CheckOutcome):
         raise Failure("spec_check_busy",
                       f"no check worker listed the stitch points in time ({out.note}); retry "

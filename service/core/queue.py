@@ -126,6 +126,20 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
+CHECK_ANSWER_MARGIN_S = 5.0
+"""How much longer than a check task's own time limit the gateway waits for its answer: a
+check that ran out of its time (spec_check_timeout, the spec's fault) answers within it."""
+CHECK_KILL_MARGIN_S = 10.0
+"""From a check task's soft time limit (it answers spec_check_timeout) to its hard kill."""
+
+
+def check_slot_lifetime_s(timeout: float) -> float:
+    """The longest a check task can live: waiting in the queue until it expires (`timeout`),
+    then running until it is killed (`timeout` + CHECK_KILL_MARGIN_S). A key's pending-check
+    slot is held that long at most when nobody frees it (quotas.take_check_slot)."""
+    return 2 * timeout + CHECK_KILL_MARGIN_S
+
+
 @dataclass
 class CheckOutcome:
     checked: bool
@@ -134,6 +148,8 @@ class CheckOutcome:
     note: str = ""
     busy: bool = False
     """No answer in time: the checkers are busy or gone; the spec is unchecked."""
+    running: bool = False
+    """The task may still be queued or running (the wait ran out): its slot is not free."""
     estimate: Estimate | None = None
     """What the check counted (the job's progress plan)."""
 
@@ -171,28 +187,37 @@ class JobQueue:
                           "interval_max": 1},
         )
 
-    def check_spec(self, spec: dict[str, Any], timeout: float) -> CheckOutcome:
+    def check_spec(self, spec: dict[str, Any], timeout: float, slot: str | None = None
+                   ) -> CheckOutcome:
         if timeout <= 0:
             return CheckOutcome(False, note="spec check disabled")
-        out = self.ask_checker(CHECK_TASK, [spec], timeout)
+        out = self.ask_checker(CHECK_TASK, [spec], timeout, slot)
         return out if isinstance(out, CheckOutcome) else CheckOutcome.answered(out)
 
-    def ask_checker(self, task: str, args: list[Any], timeout: float
+    def ask_checker(self, task: str, args: list[Any], timeout: float, slot: str | None = None
                     ) -> dict[str, Any] | CheckOutcome:
-        """A check worker's answer to `task`, or why none came (an unchecked outcome)."""
+        """A check worker's answer to `task`, or why none came (an unchecked outcome). The
+        task expires unstarted after `timeout` and is told to stop after `timeout` of running
+        (it answers spec_check_timeout); `slot`, the key's pending-check slot, goes with it
+        for the worker to free when the task really ends."""
         try:
             result = self.celery.send_task(
-                task, args=args, queue=CHECKS_QUEUE, expires=timeout,
+                task, args=args, kwargs={"slot": slot} if slot else {}, queue=CHECKS_QUEUE,
+                expires=timeout, soft_time_limit=timeout,
+                time_limit=timeout + CHECK_KILL_MARGIN_S,
                 retry=True, retry_policy={"max_retries": 1, "interval_start": 0},
             )
         except Exception as exc:  # broker trouble: the enqueue that follows will say so
             log.warning("%s not sent: %s", task, exc)
             return CheckOutcome(False, note=f"spec check not sent: {exc}")
         try:
-            out = result.get(timeout=timeout, interval=0.05, propagate=True)
+            out = result.get(timeout=timeout + CHECK_ANSWER_MARGIN_S, interval=0.05,
+                             propagate=True)
         except CeleryTimeout:
+            # Still queued behind others' checks (a check that ran out of time would have
+            # answered spec_check_timeout by now): busy, and its slot stays taken.
             return CheckOutcome(False, note=f"no spec check answer within {timeout:g} s",
-                                busy=True)
+                                busy=True, running=True)
         except Exception as exc:
             # The checker died on this spec (killed for memory, a time limit) or is broken:
             # unchecked either way, and an unchecked spec must not reach a GPU worker.

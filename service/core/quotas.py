@@ -130,15 +130,19 @@ def check_compute(session: Session, settings: Settings, owner: str, adding: int)
 
 
 PENDING_GRACE_S = 30
-"""How long past its check's timeout a pending check's slot stays counted: long enough for a
-late answer, short enough that a dead gateway's slots stop holding the key's."""
+"""How long past its task's longest life a pending check's slot stays counted: long enough
+for a late answer, short enough that a dead gateway's or worker's slots stop holding the
+key's."""
 
 
-def take_check_slot(session: Session, settings: Settings, owner: str) -> str:
+def take_check_slot(session: Session, settings: Settings, owner: str, lifetime_s: float) -> str:
     """One of the owner's slots for spec checks waiting at once (too_many_checks beyond), kept
     in the job table so that the cap holds across gateway processes; returns its token for
     free_check_slot. The checks workers take checks in arrival order: without a cap, one key
-    sending many slow specs at once would put them all ahead of another key's."""
+    sending many slow specs at once would put them all ahead of another key's. The slot lives
+    `lifetime_s` (the longest its task can) plus a grace unless freed: by the gateway when the
+    answer came, else by the worker when the task ends, so a key cannot stack checks by
+    giving up on them."""
     advisory_lock(session, f"checks:{owner}")
     now, limit = utcnow(), settings.max_pending_checks_per_key
     session.execute(delete(PendingCheckRow).where(PendingCheckRow.expires_at < now))
@@ -149,7 +153,7 @@ def take_check_slot(session: Session, settings: Settings, owner: str) -> str:
         f"your key has {pending} spec checks pending and the limit is {limit}: wait for your "
         "other submissions to be answered, then retry")
     token = uuid.uuid4().hex
-    expires = now + timedelta(seconds=settings.check_timeout_s + PENDING_GRACE_S)
+    expires = now + timedelta(seconds=lifetime_s + PENDING_GRACE_S)
     session.add(PendingCheckRow(id=token, owner=owner, expires_at=expires))
     return token
 

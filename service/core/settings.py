@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     max_model_params: int = Field(
         default=2_000_000_000, ge=1, description="parameters a model of a spec may have, "
         "counted on the meta device before anything is allocated (422 model_too_large)")
+    max_model_modules: int = Field(
+        default=20_000, ge=1, description="modules a model of a spec may have (timm's largest "
+        "have ~1,200); the spec check's build stops past it (422 model_too_large), so a config "
+        "asking for 100,000 layers costs a check worker milliseconds, not minutes")
     max_job_units: int | None = Field(
         default=1_000_000, ge=1, description="work units (about one batch through a network "
         "part; a default 4-point digits job in both directions and protocols is ~12k) a job "

@@ -36,6 +36,7 @@ from stitchsim_service.core.context import Context
 from stitchsim_service.core.errors import NotFoundError, validation_error
 from stitchsim_service.core.metrics import JOBS_SUBMITTED
 from stitchsim_service.core.objects import StagedFile
+from stitchsim_service.core.queue import check_slot_lifetime_s
 from stitchsim_service.core.store import object_key, parse_object_id
 
 log = logging.getLogger("stitchsim.submit")
@@ -203,15 +204,30 @@ def _check_dataset_ref(ctx: Context, owner: str, ds: str | LocalPath, field: str
         "the id of a dataset you uploaded", field, code="unknown_dataset")
 
 
+@dataclass
+class CheckSlot:
+    """One of a key's pending-check slots, as its check holds it."""
+
+    token: str
+    running: bool = False
+    """The task outlived the wait: the worker frees the slot when it ends (or it expires)."""
+
+
 @contextmanager
-def _pending_check(ctx: Context, owner: str) -> Iterator[None]:
+def pending_check(ctx: Context, owner: str, timeout: float) -> Iterator[CheckSlot]:
+    """A pending-check slot of owner's for a check of `timeout`, freed on the way out unless
+    its task may still run (CheckOutcome.running): giving up waiting does not end the work,
+    so it must not free the key to send more of it."""
     with ctx.db.write() as session:
-        token = quotas.take_check_slot(session, ctx.settings, owner)
+        token = quotas.take_check_slot(session, ctx.settings, owner,
+                                       check_slot_lifetime_s(timeout))
+    slot = CheckSlot(token)
     try:
-        yield
+        yield slot
     finally:
-        with ctx.db.write() as session:
-            quotas.free_check_slot(session, token)
+        if not slot.running:
+            with ctx.db.write() as session:
+                quotas.free_check_slot(session, token)
 
 
 def check_spec(ctx: Context, owner: str, spec_doc: dict[str, Any]) -> Estimate | None:
@@ -224,8 +240,9 @@ def check_spec(ctx: Context, owner: str, spec_doc: dict[str, Any]) -> Estimate |
     switched checks off (STITCHSIM_CHECK_TIMEOUT_S=0) queues specs unchecked (no estimate)."""
     assert ctx.queue is not None
     settings = ctx.settings
-    with _pending_check(ctx, owner):
-        outcome = ctx.queue.check_spec(spec_doc, settings.check_timeout_s)
+    with pending_check(ctx, owner, settings.check_timeout_s) as slot:
+        outcome = ctx.queue.check_spec(spec_doc, settings.check_timeout_s, slot.token)
+        slot.running = outcome.running
     if outcome.failure is not None:
         raise outcome.failure  # as the engine raised it; the gateway answers its code
     if outcome.busy:

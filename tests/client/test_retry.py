@@ -168,3 +168,25 @@ def test_upload_retry_sends_the_whole_file_again(fake: FakeService, tmp_path: Pa
 )
 def test_parse_retry_after(header: str | None, expected: float | None) -> None:
     assert parse_retry_after(header) == expected
+
+
+def test_a_check_that_timed_out_on_its_own_input_is_not_retried(fake: FakeService) -> None:
+    """A spec check that ran out of its own time (spec_check_timeout: the spec's models are
+    too slow to build) fails the same way again: one request. A busy checker
+    (spec_check_busy) may answer later: retried as Retry-After says."""
+    fake.inject("POST", "/similarity", 422,
+                body={"error": {"code": "spec_check_timeout", "message": "too slow to build"}})
+    with Client(fake.url, retries=3) as client:
+        waits = recording(client)
+        with pytest.raises(InvalidRequest) as info:
+            client.submit(SPEC)
+    assert waits == [] and len(fake.calls("POST", "/similarity")) == 1
+    assert info.value.code == "spec_check_timeout"
+
+    fake.inject("POST", "/similarity", 503, headers={"Retry-After": "1"}, times=10,
+                body={"error": {"code": "spec_check_busy", "message": "checkers busy"}})
+    with Client(fake.url, retries=2) as client:
+        waits = recording(client)
+        with pytest.raises(ServiceUnavailable):
+            client.submit(SPEC)
+    assert waits == [1.0, 1.0] and len(fake.calls("POST", "/similarity")) == 4

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from stitchsim.failure import Failure
 from stitchsim.models import LocalPath
+from stitchsim_worker.engine.models.guard import DEFAULT_MAX_MODULES, BuildLimits
 from stitchsim_worker.engine.refcache import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_ENTRY_BYTES,
@@ -54,6 +55,13 @@ class Resources:
     memory_budget_bytes: int = 2 * 1024**3
     max_model_params: int | None = None
     """Parameters a model may have (None: no limit, as in `stitchsim-server run`)."""
+    max_model_modules: int = DEFAULT_MAX_MODULES
+    """Modules a model may have: a build past it is stopped (models.guard)."""
+
+    @property
+    def build_limits(self) -> BuildLimits:
+        """What a spec check's model build may register before it is stopped."""
+        return BuildLimits(self.max_model_params, self.max_model_modules)
     max_job_units: int | None = None
     """Work units (plan.py) a job may take (None: no limit); with a calibration, the units it
     may take on the reference device (calibration.REFERENCE_SECONDS_PER_UNIT), scaled to the

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from stitchsim import __version__
+from stitchsim import __version__, codes
 from stitchsim.errors import APIError, ConnectionFailed
 
 log = logging.getLogger("stitchsim")
@@ -79,7 +79,7 @@ class _Policy:
     def _after_response(self, response: httpx.Response, method: str, path: str, attempt: int,
                         retries: int) -> float | None:
         """Seconds to wait before retrying, or None: the answer stands (an error raises)."""
-        if response.status_code in RETRY_STATUSES and attempt < retries:
+        if response.status_code in RETRY_STATUSES and attempt < retries and _may_retry(response):
             delay = self._retry_delay(response, attempt)
             if delay is not None:
                 return self._pause(method, path, f"HTTP {response.status_code}", delay,
@@ -188,6 +188,17 @@ class AsyncTransport(_Policy):
                 return response
             await self.sleep(delay)
             attempt += 1
+
+
+def _may_retry(response: httpx.Response) -> bool:
+    """False where the answer's code says the same request fails again (the registry's
+    retry flag): an answer about the request's own input is not retried whatever its status."""
+    # Any body but our error shape (a proxy's page, an unread stream) leaves it to the status.
+    with contextlib.suppress(Exception):
+        entry = codes.get(str(response.json()["error"]["code"]))
+        if entry is not None:
+            return entry.retry
+    return True
 
 
 def parse_retry_after(value: str | None) -> float | None:

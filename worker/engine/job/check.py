@@ -71,7 +71,8 @@ def _check_size(model: LoadedModel, where: str, limit: int | None) -> None:
 def _network(spec: Spec, where: str, resources: Resources, data: Dataset) -> Network:
     ref = getattr(spec, where)
     path, _ = resources.checkpoint(ref.checkpoint)
-    model: LoadedModel = meta_model(ref, path, where=where, native_size=data.image_size)
+    model: LoadedModel = meta_model(ref, path, where=where, native_size=data.image_size,
+                                    limits=resources.build_limits)
     _check_size(model, where, resources.max_model_params)
     check_classes(model, data, where)
     return Network(model, data.image_size, META, where)
@@ -112,16 +113,20 @@ def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | N
             per_sample = math.prod(t.shape) * max(1, t.batch // EXAMPLE_BATCH)
             if per_sample > worst:
                 worst, where = per_sample, f"{net.where} {name}"
+        # What no module outputs: a ViT's attention matrices grow as tokens² x heads.
+        if net.peak_values > worst:
+            worst, where = net.peak_values, f"{net.where}: {net.peak_what} inside the forward"
     need = worst * batch * FLOAT_BYTES
     if limit is not None and need > limit:
         raise Failure(
             "job_too_large",
             f"a batch of {batch} at {where} ({worst:,} values a sample) needs {need:,} bytes "
             f"of activation memory, more than the {limit:,} this service allows "
-            "(STITCHSIM_MAX_ACTIVATION_BYTES); use smaller inputs (input_size, img_size) or "
-            "smaller batch sizes (train.batch_size, iri.batch_size)",
+            "(STITCHSIM_MAX_ACTIVATION_BYTES); use smaller inputs (input_size, img_size / "
+            "image_size), fewer tokens (a larger patch_size) or smaller batch sizes "
+            "(train.batch_size, iri.batch_size)",
             {"activation_bytes": need, "limit": limit, "batch": batch,
-             "at": where, "shrink": ["input_size / arch_kwargs.img_size",
+             "at": where, "shrink": ["input_size / arch_kwargs.img_size", "patch_size",
                                      "train.batch_size", "iri.batch_size"]},
         )
     return need

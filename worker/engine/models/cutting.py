@@ -9,13 +9,17 @@ the full network and swaps the stitch tensor in with a forward hook.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.fx as fx
 from timm.models._features_fx import get_notrace_functions, get_notrace_modules
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 log = logging.getLogger(__name__)
@@ -265,6 +269,42 @@ class PointTrace:
     calls: int  # how many times the module ran in one forward pass
     alias_of: str | None  # the first point whose output is this very tensor, unchanged
     flops: float = 0.0  # floating-point operations a sample took until this output was made
+
+
+class PeakMode(TorchDispatchMode):
+    """The largest tensor one sample holds anywhere in a forward pass, module output or not:
+    an attention matrix (tokens² x heads a sample) lives inside one op and never is a module
+    output, so counting module outputs alone misses it. Shapes only: it works on the meta
+    device. A fused attention (scaled_dot_product_attention) is counted at the matrix its
+    math fallback holds, as a CPU job runs it."""
+
+    def __init__(self, batch: int):
+        super().__init__()
+        self.batch = batch
+        self.values = 0
+        """Values of the largest such tensor, per sample."""
+        self.what = ""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+                           ) -> Any:
+        out = func(*args, **(kwargs or {}))
+        name = str(getattr(func, "__name__", func))
+        if "scaled_dot_product" in name and len(args) >= 2:
+            q, k = args[0], args[1]
+            self._saw(math.prod(q.shape[:-1]) * int(k.shape[-2]) // self.batch,
+                      f"an attention matrix of shape {(*q.shape[:-1], int(k.shape[-2]))} for "
+                      f"a batch of {self.batch}")
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.dim() and (
+                    int(t.shape[0]) == self.batch or "softmax" in name):
+                # Batch-first tensors are activations; a softmax folds heads into dim 0.
+                self._saw(t.numel() // self.batch, f"a tensor of shape {tuple(t.shape)} for a "
+                          f"batch of {self.batch}")
+        return out
+
+    def _saw(self, values: int, what: str) -> None:
+        if values > self.values:
+            self.values, self.what = values, what
 
 
 def module_order(net: nn.Module, x: torch.Tensor) -> dict[str, PointTrace]:

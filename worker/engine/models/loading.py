@@ -3,9 +3,11 @@ timm, torchvision, transformers, the project's own, plugins), with their input p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ from stitchsim.files.model_config import CONFIG_FILE, InvalidModelConfig, ModelC
 from stitchsim.models import ModelRef
 from stitchsim_worker.engine.measures.outputs import detect_kind
 from stitchsim_worker.engine.models import autoencoder as _autoencoder  # noqa: F401 - registers it
+from stitchsim_worker.engine.models.guard import BuildLimits, Given, guarded_build
 from stitchsim_worker.engine.models.heads import head_classes
 from stitchsim_worker.engine.models.preprocess import (
     Choice,
@@ -35,6 +38,9 @@ from stitchsim_worker.engine.models.sources import (
 from torch import nn
 
 log = logging.getLogger("stitchsim.engine")
+
+UNBOUNDED = BuildLimits(max_params=None, max_modules=None)
+"""A job's build: its spec check bounded the same build with the operator's limits."""
 
 # Lists in error messages are cut here; a 500-key diff helps nobody.
 _MAX_LISTED = 8
@@ -269,7 +275,7 @@ def detect_output(net: nn.Module, size: int, arch: str) -> str:
 
 
 def _made(ref: ModelRef, meta: dict[str, str], where: str, *, on_meta: bool,
-          ckpt: Shapes | None = None
+          ckpt: Shapes | None = None, limits: BuildLimits = BuildLimits()
           ) -> tuple[nn.Module, str, dict[str, Any], SourceEntry, SourceInfo]:
     """The architecture the spec, metadata or config.json name, built with random weights;
     with the checkpoint's shapes, its head sized to the checkpoint's classes when no kwargs
@@ -277,30 +283,57 @@ def _made(ref: ModelRef, meta: dict[str, str], where: str, *, on_meta: bool,
     config = folder_config(meta, where)
     arch, kwargs = resolve_arch(ref, meta, where, config)
     entry, build = _build_spec(arch, kwargs, config, where)
-    net = _built(entry, build, on_meta)
+    origin = (CONFIG_FILE if config is not None and ref.arch_kwargs is None
+              and "arch_kwargs" not in meta else "arch_kwargs")
+    net = _built(entry, build, on_meta, origin, limits)
     classes = (head_classes(net, ckpt) if ckpt is not None and config is None
                and "num_classes" not in kwargs else None)
     if classes is not None:
         sized = Build(build.name, {**kwargs, "num_classes": classes}, build.config, where)
         try:
-            net, kwargs, build = _built(entry, sized, on_meta), sized.kwargs, sized
-        except Exception:  # noqa: BLE001 - a source without num_classes: _check_fit says why
+            net, kwargs, build = (_built(entry, sized, on_meta, origin, limits), sized.kwargs,
+                                  sized)
+        except Failure:  # a source without num_classes: _check_fit says why
             log.info("%s: %s takes no num_classes=%d", where, arch, classes)
     return net, arch, kwargs, entry, entry.describe(net, build)
 
 
-def _built(entry: SourceEntry, build: Build, on_meta: bool) -> nn.Module:
-    if on_meta:
-        with torch.device("meta"):
-            return entry.build(build)
-    return entry.build(build)
+def _built(entry: SourceEntry, build: Build, on_meta: bool, origin: str,
+           limits: BuildLimits) -> nn.Module:
+    """The source's build under models.guard: the user's fields checked, the build bounded,
+    any failure of it a 422 naming the field."""
+    own = build.config if build.config is not None and build.config.layout == entry.name \
+        and entry.name == "transformers" else None
+    fields = {**own.config, **build.kwargs} if own is not None else dict(build.kwargs)
+    if own is not None:
+        origin = CONFIG_FILE
+    given = Given(fields, origin,
+                  "invalid_model_config" if origin == CONFIG_FILE else "invalid_arch_kwargs",
+                  entry.defaults(build) if entry.defaults is not None else None,
+                  frozenset(build.kwargs) if own is not None else frozenset())
+
+    def make(chosen: Mapping[str, Any]) -> nn.Module:
+        if own is None:
+            return entry.build(replace(build, kwargs=dict(chosen)))
+        kept = {k: v for k, v in chosen.items() if k not in build.kwargs}
+        return entry.build(replace(build, kwargs={k: v for k, v in chosen.items()
+                                                  if k in build.kwargs},
+                                   config=replace(own, config=kept)))
+
+    label = f"{entry.name} {build.name!r}"
+    with torch.device("meta") if on_meta else contextlib.nullcontext():
+        return guarded_build(make, given, build.where, label, limits)
 
 
-def random_model(arch: str, kwargs: dict[str, Any], native_size: int = 32) -> LoadedModel:
-    """An architecture with random weights: enough to list stitch points and shapes."""
+def random_model(arch: str | None, kwargs: dict[str, Any] | None, native_size: int = 32, *,
+                 meta: dict[str, str] | None = None, on_meta: bool = False,
+                 limits: BuildLimits = BuildLimits()) -> LoadedModel:
+    """An architecture with random weights (or none: on_meta): enough to list stitch points
+    and shapes. `meta`: a checkpoint's metadata as a folder's would carry it (config.json)."""
     ref = ModelRef(checkpoint="-", arch=arch, arch_kwargs=kwargs)
-    net, arch, kwargs, entry, info = _made(ref, {}, "arch", on_meta=False)
-    return _loaded(net, arch, kwargs, "", _choice(ref, {}, info, native_size, "arch"),
+    meta = meta or {}
+    net, arch, kwargs, entry, info = _made(ref, meta, "arch", on_meta=on_meta, limits=limits)
+    return _loaded(net, arch, kwargs, "", _choice(ref, meta, info, native_size, "arch"),
                    entry.name, info)
 
 
@@ -310,7 +343,9 @@ def build_model(
     """Build the architecture with its source, load the checkpoint strictly, freeze it."""
     meta = read_metadata(path)
     shapes = _strip_wrapper_prefix(_read(path, where, shapes_only=True))
-    net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=False, ckpt=shapes)
+    # The spec check bounded this build with the operator's limits; a job builds what passed.
+    net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=False, ckpt=shapes,
+                                           limits=UNBOUNDED)
     layout = _check_fit(net, shapes, arch, kwargs, where, meta, entry)
     if layout and entry.load is not None:
         entry.load(net, path, layout)
@@ -322,14 +357,16 @@ def build_model(
                    given_output(ref, meta, where))
 
 
-def meta_model(ref: ModelRef, path: Path, *, where: str, native_size: int) -> LoadedModel:
+def meta_model(ref: ModelRef, path: Path, *, where: str, native_size: int,
+               limits: BuildLimits = BuildLimits()) -> LoadedModel:
     """The model as build_model would make it, on the meta device: every check that needs no
     weight values (architecture, kwargs, config.json, checkpoint keys and shapes from the
     file's header, preprocessing, input size) at the cost of reading a header. Parameters
     take no memory."""
     meta = read_metadata(path)
     shapes = _strip_wrapper_prefix(_read(path, where, shapes_only=True))
-    net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=True, ckpt=shapes)
+    net, arch, kwargs, entry, info = _made(ref, meta, where, on_meta=True, ckpt=shapes,
+                                           limits=limits)
     _check_fit(net, shapes, arch, kwargs, where, meta, entry)
     return _loaded(net, arch, kwargs, path.name, _choice(ref, meta, info, native_size, where),
                    entry.name, info, given_output(ref, meta, where))

@@ -5,13 +5,21 @@ All parts take [0,1] pixel images and apply the model's own preprocessing first.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 from collections.abc import Callable, Sequence
 
 import torch
 from stitchsim.failure import Failure
 from stitchsim.models import FulaPoints
-from stitchsim_worker.engine.models.cutting import BackPart, ModelSplitter, PointTrace, module_order
+from stitchsim_worker.engine.models.cutting import (
+    BackPart,
+    ModelSplitter,
+    PeakMode,
+    PointTrace,
+    module_order,
+)
+from stitchsim_worker.engine.models.guard import interrupted, library_words
 from stitchsim_worker.engine.models.loading import LoadedModel
 from stitchsim_worker.engine.stitching.layer import Rep, rep_of
 from torch import nn
@@ -33,14 +41,28 @@ class Network:
             # Convolutions run faster on NHWC on GPUs; weights follow, inputs in _input.
             self.net = self.net.to(memory_format=torch.channels_last)
         example = torch.zeros(EXAMPLE_BATCH, 3, image_size, image_size, device=device)
+        peak = PeakMode(EXAMPLE_BATCH)
         try:
-            self.traces: dict[str, PointTrace] = module_order(self.net, self._input(example))
+            # The peak is read on the meta device only (the spec check's and the points'
+            # forward): on a real device the mode would cost a job's first pass for nothing.
+            with peak if device.type == "meta" else contextlib.nullcontext():
+                self.traces: dict[str, PointTrace] = module_order(self.net,
+                                                                   self._input(example))
         except Exception as e:  # noqa: BLE001 - any failure here is a model/input mismatch
+            if interrupted(e):
+                raise
+            said = library_words(e, None)
             raise Failure(
                 "invalid_input_size",
                 f"{where}: {model.arch} does not run on {self.preprocess.input_size}px "
-                f"inputs ({e}); set {where}.input_size or arch_kwargs such as img_size",
+                f"inputs{f' ({said})' if said else ''}; set {where}.input_size, or check "
+                "arch_kwargs / config.json fields such as img_size, image_size, patch_size "
+                "and hidden_size (a width its heads must divide)",
+                {"side": where, "input_size": self.preprocess.input_size},
             ) from e
+        self.peak_values = peak.values
+        """One sample's largest tensor inside the forward (PeakMode; 0 off the meta device)."""
+        self.peak_what = peak.what
         self.order = list(self.traces)
         self.shapes = {name: t.shape for name, t in self.traces.items()}
         self.flops = max((t.flops for t in self.traces.values()), default=0.0)

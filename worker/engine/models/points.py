@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from stitchsim.models import ModelRef
+from stitchsim_worker.engine.models.guard import BuildLimits
 from stitchsim_worker.engine.models.loading import meta_model, random_model
 from stitchsim_worker.engine.models.network import Network
 
@@ -36,12 +37,12 @@ def _listing(network: Network) -> dict[str, Any]:
     }
 
 
-def checkpoint_points(ref: ModelRef, path: Path, *,
-                      native_size: int = DEFAULT_NATIVE_SIZE) -> dict[str, Any]:
+def checkpoint_points(ref: ModelRef, path: Path, *, native_size: int = DEFAULT_NATIVE_SIZE,
+                      limits: BuildLimits = BuildLimits()) -> dict[str, Any]:
     """A checkpoint's stitch points with their shapes, as the contract's StitchPoints (less
     the checkpoint id): built on the meta device as the spec check builds it, so the names
     and the `auto` pick are the ones a job on this checkpoint would see."""
-    model = meta_model(ref, path, where="checkpoint", native_size=native_size)
+    model = meta_model(ref, path, where="checkpoint", native_size=native_size, limits=limits)
     size = model.preprocess.input_size
     network = Network(model, size, torch.device("meta"), "checkpoint")
     listing = _listing(network)

@@ -84,6 +84,9 @@ class SourceEntry:
     preload: Callable[[], object] | None = None
     """Imports what the source imports on first use (a library, its registries), so a
     long-lived worker process pays that before its first check, not during it."""
+    defaults: Callable[[Build], dict[str, Any] | None] | None = None
+    """The field values the source builds with where the user gives none (a config class's
+    defaults); they tell a size field and its range (models.guard). None: not known."""
 
 
 def own_layout(net: nn.Module) -> Shapes:
@@ -99,15 +102,10 @@ def register_source(entry: SourceEntry) -> SourceEntry:
 
 def build_with(library: str, create: Callable[..., nn.Module], b: Build) -> nn.Module:
     """`create(name, **kwargs)` of a library, with random weights; a library's refusal of the
-    kwargs becomes invalid_arch_kwargs naming them."""
+    kwargs becomes invalid_arch_kwargs naming the field in the one place builds are guarded
+    (models.guard, called by loading)."""
     check_kwargs(b.kwargs, b.where)
-    try:
-        return create(b.name, **b.kwargs)
-    except (TypeError, ValueError, AssertionError, RuntimeError, KeyError) as e:
-        raise Failure(
-            "invalid_arch_kwargs",
-            f"{b.where}: {library} could not build {b.name!r} with arch_kwargs {b.kwargs}: {e}",
-        ) from e
+    return create(b.name, **b.kwargs)
 
 
 def check_kwargs(kwargs: dict[str, Any], where: str) -> None:
