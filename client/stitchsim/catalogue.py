@@ -27,6 +27,7 @@ from stitchsim.entries import (
     YELLOW as YELLOW,
     AttackEntry as AttackEntry,
     BandStyle as BandStyle,
+    BudgetEntry as BudgetEntry,
     CaveatEntry as CaveatEntry,
     ControlEntry as ControlEntry,
     DatasetFormatEntry as DatasetFormatEntry,
@@ -244,6 +245,18 @@ IRI_METHODS: Kind[IRIMethodEntry] = Kind("IRI method", (
                 ("schedule", "cosine"), ("cycle_steps", 100), ("extra_rounds", 6),
                 ("extra_round_growth", 1), ("stop_below", 0.02), ("iterate", "best"),
                 ("extra_rounds_stop_at_aim", False))),
+))
+
+BUDGETS: Kind[BudgetEntry] = Kind("budget", (
+    BudgetEntry("full", "full", "every sample and stitch point the spec asks for",
+                default=True),
+    BudgetEntry(
+        "ci", "CI", "the default method on fewer samples and points, for a gate run on every "
+        "pull request: 64 training samples for the stitch and its IRIs, 200 test samples, "
+        "at most 2 stitch points (the first and the last); fields the spec sets win. Its "
+        "gate decisions on the drift series of bench/drift_power.py are the full budget's "
+        "(docs/benchmarks.md)",
+        train=(("max_train_samples", 64), ("max_test_samples", 200)), points=2),
 ))
 
 _IMAGE_PACKAGES = ("numpy", "PIL")
