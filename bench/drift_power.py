@@ -166,7 +166,12 @@ class Variant:
     make: Callable[[], torch.nn.Module] | None  # None: a copy of the reference file
 
 
-def variants(fam: Family, load: Callable[[str], torch.nn.Module], reseeds: int) -> list[Variant]:
+def variants(fam: Family, load: Callable[[str], torch.nn.Module], reseeds: int,
+             epochs: int | None = None) -> list[Variant]:
+    """Every model trains `epochs` (the family's when None)."""
+    if epochs is not None:
+        fam = Family(fam.arch, fam.arch_kwargs, fam.layers, epochs)
+
     def retrain() -> torch.nn.Module:
         return load("retrain")
 
@@ -197,18 +202,29 @@ def variants(fam: Family, load: Callable[[str], torch.nn.Module], reseeds: int) 
 # ------------------------------------------------------------------ checks
 
 
-def spec_of(fam: Family, front: Path, back: Path, seed: int, budget: str) -> Spec:
+@dataclass(frozen=True)
+class Sizes:
+    """The check's spec: the demo's by default (128 train, 300 test, its 3 points)."""
+
+    train: int = 128
+    test: int = 300
+    points: int = 3
+    extra_rounds: int = 4
+
+
+def spec_of(fam: Family, front: Path, back: Path, seed: int, budget: str,
+            sizes: Sizes = Sizes()) -> Spec:
     fields: dict[str, Any] = {
         "front": {"checkpoint": {"path": str(front)}},
         "back": {"checkpoint": {"path": str(back)}},
         "dataset": DATASET,
-        "layers": [{"front": p, "back": p} for p in fam.layers],
+        "layers": [{"front": p, "back": p} for p in fam.layers[:sizes.points]],
         "objectives": ["slm"], "protocols": ["standard", "invariance_aware"],
         "directions": "front_to_back", "measures": ["cka"],
-        "train": {"epochs": 4, "max_train_samples": 128, "max_test_samples": 300,
-                  "seed": seed},
+        "train": {"epochs": 4, "max_train_samples": sizes.train,
+                  "max_test_samples": sizes.test, "seed": seed},
         # Until the default finishes by itself (branch iri): rounds of the same paper steps.
-        "iri": {"extra_rounds": 4},
+        "iri": {"extra_rounds": sizes.extra_rounds},
     }
     if budget != "full":  # the preset's samples and points (of the same 3 listed points)
         fields["budget"] = budget
@@ -234,14 +250,17 @@ def figures(report: Report) -> dict[str, Any]:
 class Bench:
     out: Path
     budget: str
+    sizes: Sizes = Sizes()
     log: list[str] = field(default_factory=list)
 
     def check(self, fam: Family, tag: str, back: Path, seed: int, ref: Path) -> dict[str, Any]:
-        path = self.out / "reports" / self.budget / f"{tag}.seed{seed}.json"
+        z = self.sizes
+        path = (self.out / "reports" / f"{self.budget}-{z.train}-{z.test}-{z.points}-"
+                f"{z.extra_rounds}" / f"{tag}.seed{seed}.json")
         if path.exists():
             return json.loads(path.read_text())
         t0 = time.perf_counter()
-        report = run_job(spec_of(fam, ref, back, seed, self.budget),
+        report = run_job(spec_of(fam, ref, back, seed, self.budget, self.sizes),
                          resources=Resources(cache_dir=self.out / "cache"))
         row = {**figures(report), "seconds": time.perf_counter() - t0}
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -252,7 +271,7 @@ class Bench:
 
 
 def model_file(out: Path, name: str, fam: Family, v: Variant, ref: Path) -> tuple[Path, float]:
-    path = out / "models" / name / f"{v.name}.safetensors"
+    path = out / "models" / name / f"{v.name}.safetensors"  # --epochs: another --out
     meta = path.with_suffix(".json")
     if path.exists() and meta.exists():
         return path, json.loads(meta.read_text())["accuracy"]
@@ -281,13 +300,15 @@ def loader(out: Path, name: str, fam: Family) -> Callable[[str], torch.nn.Module
     return load
 
 
-def run_family(b: Bench, name: str, reseeds: int, reruns: int, only: set[str] | None
-               ) -> dict[str, Any]:
+def run_family(b: Bench, name: str, reseeds: int, reruns: int, only: set[str] | None,
+               epochs: int | None = None, doses: set[str] | None = None) -> dict[str, Any]:
     fam = FAMILIES[name]
     rows: dict[str, Any] = {}
     ref: Path | None = None
-    for v in variants(fam, loader(b.out, name, fam), reseeds):
+    for v in variants(fam, loader(b.out, name, fam), reseeds, epochs):
         if only and v.kind not in only and v.kind not in ("reference", "baseline"):
+            continue
+        if doses and v.kind not in ("reference", "baseline") and v.name not in doses:
             continue
         path, acc = model_file(b.out, name, fam, v, ref or Path())
         if v.kind == "reference":
@@ -370,15 +391,26 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", help="kinds to run beside reference and baseline "
                     "(benign marker noise prune drop)")
     ap.add_argument("--budget", default="full", help="full: the demo's spec; ci: the preset")
+    ap.add_argument("--epochs", type=int, help="training epochs of every model (default: "
+                    "the family's, 8 as the demo)")
+    ap.add_argument("--models", nargs="*", help="only these variants (reseed2 marker0.25 ...)"
+                    " beside the reference and the retrain")
+    ap.add_argument("--train-samples", type=int, default=128)
+    ap.add_argument("--test-samples", type=int, default=300)
+    ap.add_argument("--points", type=int, default=3, help="the first N of the family's points")
+    ap.add_argument("--extra-rounds", type=int, default=4)
     ap.add_argument("--json", type=Path, help="default: OUT/drift_power.<budget>.json")
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    b = Bench(args.out, args.budget)
-    result: dict[str, Any] = {"budget": args.budget, "reruns": args.reruns, "families": {}}
+    b = Bench(args.out, args.budget, Sizes(args.train_samples, args.test_samples, args.points,
+                                           args.extra_rounds))
+    result: dict[str, Any] = {"budget": args.budget, "reruns": args.reruns,
+                              "sizes": vars(b.sizes), "epochs": args.epochs, "families": {}}
     for name in args.families:
         print(f"{name}:", flush=True)
         rows = run_family(b, name, args.reseeds, args.reruns,
-                          set(args.only) if args.only else None)
+                          set(args.only) if args.only else None, args.epochs,
+                          set(args.models) if args.models else None)
         g = gates(rows)
         result["families"][name] = {"checks": rows, "gates": g}
         print(table(name, g), flush=True)
