@@ -299,7 +299,7 @@ CAVEATS: Kind[CaveatEntry] = Kind("caveat", (
 
 KINDS: tuple[Kind[Entry], ...] = (  # type: ignore[assignment]
     OBJECTIVES, PROTOCOLS, CONTROLS, CUES, ATTACKS, MEASURES, ROW_FIGURES, MEASURE_INPUTS,
-    MODEL_SOURCES, OUTPUT_KINDS, DATASET_FORMATS, IRI_METHODS, CAVEATS,
+    MODEL_SOURCES, OUTPUT_KINDS, DATASET_FORMATS, IRI_METHODS, CAVEATS, BUDGETS,
 )
 """Every kind of name, for the tests that hold each against its engine registry and render
 every entry."""
