@@ -48,6 +48,7 @@ from typing import Any
 import timm
 import torch
 import torch.nn.functional as F
+from stitchsim.gates import AUTO_K
 from stitchsim.models import Report, Spec
 from stitchsim_worker.engine import Resources, run_job
 from stitchsim_worker.engine.data.datasets import add_marker, builtin
@@ -344,6 +345,8 @@ def gates(rows: dict[str, Any]) -> dict[str, Any]:
     spread = {k: max(c["similarity"] for c in r["checks"]) - min(c["similarity"]
                                                                   for c in r["checks"])
               for k, r in rows.items()}
+    # --max-drop auto: AUTO_K x the baseline's own interval half-width (stitchsim.gates).
+    auto = AUTO_K * base["checks"][0]["ci_half_width"]
     per: dict[str, Any] = {}
     for k, r in rows.items():
         sims = [c["similarity"] for c in r["checks"]]
@@ -355,6 +358,7 @@ def gates(rows: dict[str, Any]) -> dict[str, Any]:
             "invariance_aware": _mean([c["invariance_aware"] for c in r["checks"]]),
             "cka": _mean(ckas) if ckas else None,
             "stitch_gate": _mean([float(b_sim - s > max_drop + 1e-9) for s in sims]),
+            "auto_gate": _mean([float(b_sim - s > auto + 1e-9) for s in sims]),
             "accuracy_gate": float(b_acc - r["accuracy"] > 0.01),
             "cka_gate": _mean([float(b_cka - c > cka_max + 1e-9) for c in ckas]) if ckas else None,
             "seconds": _mean([c["seconds"] for c in r["checks"]]),
@@ -366,7 +370,7 @@ def gates(rows: dict[str, Any]) -> dict[str, Any]:
     return {"resaved_equals_reference": same, "baseline_similarity": b_sim,
             "baseline_cka": b_cka, "baseline_accuracy": b_acc,
             "max_drop": max_drop, "cka_max_drop": cka_max, "benign_drops": sim_drops,
-            "baseline_ci_half_width": half,
+            "baseline_ci_half_width": half, "auto_k": AUTO_K, "auto_max_drop": AUTO_K * half,
             "largest_benign_drop_over_half_width": max_drop / half if half else None,
             "rows": per}
 
@@ -374,15 +378,17 @@ def gates(rows: dict[str, Any]) -> dict[str, Any]:
 def table(name: str, g: dict[str, Any]) -> str:
     lines = [f"{name}: baseline (reference vs retrain) similarity {g['baseline_similarity']:.4f}"
              f", its 95% interval half-width {g['baseline_ci_half_width']:.4f}; max-drop from "
-             f"benign {g['max_drop']:.4f}; CKA gate drop {g['cka_max_drop']:.4f}",
+             f"benign {g['max_drop']:.4f}; auto {g['auto_max_drop']:.4f}; CKA gate drop "
+             f"{g['cka_max_drop']:.4f}; resaved = reference: {g['resaved_equals_reference']}",
              f"{'model':<11}{'acc':>7}{'std':>8}{'ia':>8}{'sim':>8}{'range':>7}{'cka':>8}"
-             f"{'stitch':>8}{'acc>1pt':>8}{'cka':>6}{'s':>6}"]
+             f"{'stitch':>8}{'auto':>6}{'acc>1pt':>8}{'cka':>6}{'s':>6}"]
     for k, r in g["rows"].items():
         cka = f"{r['cka']:.4f}" if r["cka"] is not None else "-"
         ckag = f"{r['cka_gate']:.1f}" if r["cka_gate"] is not None else "-"
         lines.append(f"{k:<11}{r['accuracy']:>7.3f}{r['standard']:>8.4f}"
                      f"{r['invariance_aware']:>8.4f}{r['similarity']:>8.4f}"
                      f"{r['rerun_range']:>7.3f}{cka:>8}{r['stitch_gate']:>8.1f}"
+                     f"{r['auto_gate']:>6.1f}"
                      f"{r['accuracy_gate']:>8.1f}{ckag:>6}{r['seconds']:>6.0f}")
     return "\n".join(lines)
 
