@@ -253,9 +253,9 @@ BUDGETS: Kind[BudgetEntry] = Kind("budget", (
     BudgetEntry(
         "ci", "CI", "the default method on fewer samples and points, for a gate run on every "
         "pull request: 64 training samples for the stitch and its IRIs, 200 test samples, "
-        "at most 2 stitch points (the first and the last); fields the spec sets win. Its "
-        "gate decisions on the drift series of bench/drift_power.py are the full budget's "
-        "(docs/benchmarks.md)",
+        "at most 2 stitch points (the first and the last); fields the spec sets win. On "
+        "the drift series of bench/drift_power.py its --max-drop auto decisions were the "
+        "full budget's (a reduced run: docs/benchmarks.md, Drift power)",
         train=(("max_train_samples", 64), ("max_test_samples", 200)), points=2),
 ))
 
