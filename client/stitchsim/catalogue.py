@@ -29,6 +29,7 @@ from stitchsim.entries import (
     YELLOW as YELLOW,
     AttackEntry as AttackEntry,
     BandStyle as BandStyle,
+    BudgetEntry as BudgetEntry,
     CaveatEntry as CaveatEntry,
     ControlEntry as ControlEntry,
     DatasetFormatEntry as DatasetFormatEntry,
@@ -259,6 +260,18 @@ IRI_METHODS: Kind[IRIMethodEntry] = Kind("IRI method", (
                 ("extra_rounds_stop_at_aim", False))),
 ))
 
+BUDGETS: Kind[BudgetEntry] = Kind("budget", (
+    BudgetEntry("full", "full", "every sample and stitch point the spec asks for",
+                default=True),
+    BudgetEntry(
+        "ci", "CI", "the default method on fewer samples and points, for a gate run on every "
+        "pull request: 64 training samples for the stitch and its IRIs, 200 test samples, "
+        "at most 2 stitch points (the first and the last); fields the spec sets win. On "
+        "the drift series of bench/drift_power.py its --max-drop auto decisions were the "
+        "full budget's (a reduced run: docs/benchmarks.md, Drift power)",
+        train=(("max_train_samples", 64), ("max_test_samples", 200)), points=2),
+))
+
 _IMAGE_PACKAGES = ("numpy", "PIL")
 DATASET_FORMATS: Kind[DatasetFormatEntry] = Kind("dataset format", (
     DatasetFormatEntry(
@@ -299,7 +312,7 @@ CAVEATS: Kind[CaveatEntry] = Kind("caveat", (
 
 KINDS: tuple[Kind[Entry], ...] = (  # type: ignore[assignment]
     OBJECTIVES, PROTOCOLS, CONTROLS, CUES, ATTACKS, MEASURES, ROW_FIGURES, MEASURE_INPUTS,
-    MODEL_SOURCES, OUTPUT_KINDS, DATASET_FORMATS, IRI_METHODS, CAVEATS,
+    MODEL_SOURCES, OUTPUT_KINDS, DATASET_FORMATS, IRI_METHODS, CAVEATS, BUDGETS,
 )
 """Every kind of name, for the tests that hold each against its engine registry and render
 every entry."""

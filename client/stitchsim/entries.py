@@ -198,6 +198,20 @@ class IRIMethodEntry(Entry):
 
 
 @dataclass(frozen=True)
+class BudgetEntry(Entry):
+    train: tuple[tuple[str, object], ...] = ()
+    """The train settings it stands for (field, value); a field the spec sets wins over it."""
+    points: int | None = None
+    """At most this many stitch points: the first and the last of the spec's list (or of the
+    points `layers: "auto"` picks), evenly spaced ones between; None: all of them."""
+    default: bool = False
+
+    @property
+    def train_settings(self) -> dict[str, object]:
+        return dict(self.train)
+
+
+@dataclass(frozen=True)
 class CaveatEntry(Entry):
     gate: bool = True
     """`stitchsim check --fail-on-caveat` fails on it (else it is reported only)."""

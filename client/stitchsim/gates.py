@@ -30,6 +30,12 @@ PointKey = tuple[str, str, str]
 
 _EPS = 1e-9  # a drop of exactly the limit passes, whatever the float rounding
 
+AUTO = "auto"
+AUTO_K = 3.0
+"""`--max-drop auto` = AUTO_K x the baseline's spread (`similarity_spread`). Chosen from
+bench/drift_power.py (docs/client.md, "choosing --max-drop"): the largest benign drop (reseeds,
+one more epoch, another batch order, reruns) measured against the baseline's spread."""
+
 
 class BaselineRefused(UsageError):
     """The baseline was made under other settings, or of another model or dataset, or its
@@ -91,8 +97,9 @@ def baseline_from_file(text: str, name: str) -> tuple[Report, bool]:
 
 @dataclass(frozen=True)
 class GateOptions:
-    max_drop: float | None = None
-    """Fail when the similarity falls by more than this below the baseline's (absolute)."""
+    max_drop: float | Literal["auto"] | None = None
+    """Fail when the similarity falls by more than this below the baseline's (absolute);
+    "auto": by more than AUTO_K x the baseline's own spread (`similarity_spread`)."""
     max_relative_drop: float | None = None
     """Fail when it falls by more than this fraction of the baseline's similarity."""
     max_drop_per_point: float | None = None
@@ -158,6 +165,31 @@ def point_name(key: PointKey) -> str:
     return f"{front}->{back} ({direction})"
 
 
+def similarity_spread(report: Report) -> float | None:
+    """The report's own spread of its similarity: the mean half-width of the 95 % bootstrap
+    intervals (over test samples) of the rows the similarity averages (its protocol, its
+    weaker direction). The rows share their test samples, so their errors move together and
+    the mean half-width, not a smaller pooled one, is the similarity's. None: no such rows."""
+    s = report.summary
+    rows = [r for r in report.results if r.protocol == s.similarity_protocol and (
+        s.weaker_direction is None or r.direction == s.weaker_direction)]
+    if not rows:
+        return None
+    return sum((r.agreement_ci[1] - r.agreement_ci[0]) / 2 for r in rows) / len(rows)
+
+
+def max_drop_limit(max_drop: float | str, baseline: Report) -> tuple[float, str]:
+    """The absolute limit --max-drop stands for, and how it was set (for the gate's message)."""
+    if max_drop != AUTO:
+        return float(max_drop), ""
+    spread = similarity_spread(baseline)
+    if spread is None:
+        raise UsageError("--max-drop auto: the baseline has no rows under its similarity's "
+                         "protocol, so no interval to scale; give --max-drop a number")
+    return AUTO_K * spread, (f" (auto: {AUTO_K:g} x the baseline's interval half-width "
+                             f"{spread:.4f})")
+
+
 # ------------------------------------------------------------------ evaluation
 
 
@@ -206,10 +238,11 @@ def _baseline_gates(report: Report, baseline: Report, options: GateOptions) -> l
     drop = b - s
     gates = []
     if options.max_drop is not None:
-        ok = drop <= options.max_drop + _EPS
+        limit, how = max_drop_limit(options.max_drop, baseline)
+        ok = drop <= limit + _EPS
         gates.append(Gate("max-drop", "pass" if ok else "fail",
                           f"similarity {s:.4f} vs baseline {b:.4f}: drop {drop:+.4f} "
-                          f"{'<=' if ok else '>'} {options.max_drop:.4f}", drop, options.max_drop))
+                          f"{'<=' if ok else '>'} {limit:.4f}{how}", drop, limit))
     if options.max_relative_drop is not None:
         rel = drop / b if b > 0 else 0.0
         ok = rel <= options.max_relative_drop + _EPS

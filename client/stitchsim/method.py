@@ -29,6 +29,9 @@ def method_settings(spec: Spec) -> dict[str, Any]:
         "layers": spec.layers if spec.layers == "auto"
         else [f"{p.front}:{p.back}" for p in spec.layers],
     }
+    if spec.budget != catalogue.BUDGETS.one(default=True):
+        # Recorded only off the default, so baselines of before budgets still compare.
+        out["budget"] = spec.budget
     out.update(_flat("train", spec.train.model_dump(mode="json")))
     # IRI settings move the figure only of protocols that train on IRIs; a check without
     # them keeps its baseline when the IRI defaults change.

@@ -10,10 +10,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 from stitchsim.cli import main
-from stitchsim.gates import BaselineRefused, GateOptions, evaluate, refuse_unless_comparable
+from stitchsim.errors import UsageError
+from stitchsim.gates import (
+    AUTO,
+    AUTO_K,
+    BaselineRefused,
+    GateOptions,
+    evaluate,
+    refuse_unless_comparable,
+    similarity_spread,
+)
 from stitchsim.markdown import MARKER, outcome_markdown
-from stitchsim.models import IRIStats, MethodRecord, Report
+from stitchsim.method import method_settings
+from stitchsim.models import IRIStats, MethodRecord, Report, Spec
+from stitchsim.models.spec import thin_points
 from stitchsim.sdk import file_sha256
 from stitchsim_worker.engine.method import METHOD_VERSION, method_record
 
@@ -228,3 +240,68 @@ def test_check_refuses_a_baseline_of_another_method_before_running_and_recompute
     assert [s["back"]["checkpoint"] for s in submitted] == [OLD, file_sha256(files[1])]
     assert all("iri" not in s for s in submitted)  # the check's settings: the defaults
     assert f"(recomputed from file {base})" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------ --max-drop auto, budget ci
+
+
+def test_max_drop_auto_is_k_times_the_baselines_own_interval() -> None:
+    # make_report's rows carry 95 % intervals of +-0.01: the baseline's spread is 0.01.
+    baseline = report(0.93, back=OLD)
+    assert similarity_spread(baseline) == pytest.approx(0.01)
+    limit = AUTO_K * 0.01
+    inside, outside = report(0.93 - limit + 0.005), report(0.93 - limit - 0.005)
+    passed = evaluate(inside, baseline, GateOptions(max_drop=AUTO))
+    assert passed.status == "pass"
+    gate = passed.gates[-1]
+    assert gate.name == "max-drop" and gate.limit == pytest.approx(limit)
+    assert f"(auto: {AUTO_K:g} x the baseline's interval half-width 0.0100)" in gate.message
+    assert evaluate(outside, baseline, GateOptions(max_drop=AUTO)).status == "fail"
+    # The spread is the baseline's, not the candidate's: a noisy candidate does not widen it.
+    wide = outside.model_copy(update={"results": [
+        r.model_copy(update={"agreement_ci": (0.0, 1.0)}) for r in outside.results]})
+    assert evaluate(wide, baseline, GateOptions(max_drop=AUTO)).status == "fail"
+
+
+def test_the_spread_reads_the_rows_the_similarity_averages() -> None:
+    made = report(0.9)
+    # Widen the standard rows only: the similarity reads the invariance-aware ones.
+    rows = [r.model_copy(update={"agreement_ci": (0.0, 1.0)}) if r.protocol == "standard"
+            else r for r in made.results]
+    assert similarity_spread(made.model_copy(update={"results": rows})) == pytest.approx(0.01)
+    empty = made.model_copy(update={"results": []})
+    assert similarity_spread(empty) is None
+    with pytest.raises(UsageError, match="give --max-drop a number"):
+        evaluate(made, empty, GateOptions(max_drop=AUTO))
+
+
+def test_check_max_drop_auto_through_the_cli(
+    fake: FakeService, files: tuple[str, str], tmp_path: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fake.agreement = {("invariance_aware", d): 0.90 for d in DIRS}
+    near = _baseline_file(tmp_path / "near.json", files, 0.90 + AUTO_K * 0.01 - 0.005)
+    far = _baseline_file(tmp_path / "far.json", files, 0.90 + AUTO_K * 0.01 + 0.005)
+    assert _check(fake, files, "--baseline", near, "--max-drop", "auto") == 0
+    assert "(auto: " in capsys.readouterr().out
+    assert _check(fake, files, "--baseline", far, "--max-drop", "auto") == 1
+    capsys.readouterr()
+    assert _check(fake, files, "--baseline", near, "--max-drop", "some") == 2
+    assert "expected a number or 'auto', got 'some'" in capsys.readouterr().err
+
+
+def test_the_ci_budget_takes_fewer_samples_and_points_and_the_spec_wins() -> None:
+    layers = [{"front": p, "back": p} for p in ("act1", "layer1", "layer2", "layer3")]
+    ci = Spec.model_validate(spec(budget="ci", layers=layers))
+    assert [p.front for p in ci.layers] == ["act1", "layer3"]  # the first and the last
+    assert (ci.train.max_train_samples, ci.train.max_test_samples) == (64, 200)
+    assert method_settings(ci)["budget"] == "ci"
+    mine = Spec.model_validate(spec(budget="ci", train={"max_test_samples": 500}))
+    assert (mine.train.max_train_samples, mine.train.max_test_samples) == (64, 500)
+    full = Spec.model_validate(spec(layers=layers))
+    assert len(full.layers) == 4 and full.train.max_train_samples is None
+    # Off the default only: a baseline made before budgets existed still compares.
+    assert "budget" not in method_settings(full)
+    assert thin_points(list("abcdefg"), 3) == ["a", "d", "g"]
+    with pytest.raises(ValidationError, match="'full' or 'ci'"):
+        Spec.model_validate(spec(budget="cheap"))

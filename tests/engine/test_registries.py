@@ -48,6 +48,8 @@ WITHOUT_ENGINE_REGISTRY = {
                                     "(issue 29 brings the readers' registry)",
     catalogue.CAVEATS.kind: "caveats are read off a report's own figures by "
                             "stitchsim.caveats (the engine records what it finds)",
+    catalogue.BUDGETS.kind: "a budget is a preset of spec fields, expanded by the spec's own "
+                            "validator (and `layers: auto` thinned by engine.job.prepare)",
 }
 
 

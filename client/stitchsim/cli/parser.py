@@ -15,10 +15,21 @@ from stitchsim.cli.jobs import (
     cmd_jobs_wait,
     cmd_report,
 )
+from stitchsim.gates import AUTO, AUTO_K
 
 
 def _escaped(text: str) -> str:
     return text.replace("%", "%%")  # argparse formats help with %
+
+
+def _drop(text: str) -> float | str:
+    if text == AUTO:
+        return AUTO
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number or 'auto', got {text!r}") from None
 
 
 def _gate_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,8 +42,10 @@ def _gate_arguments(p: argparse.ArgumentParser) -> None:
         "when made of another reference or dataset, or under other settings")
     g.add_argument("--recompute-baseline", action="store_true",
                    help="redo a baseline made under other settings under this check's")
-    g.add_argument("--max-drop", type=float, metavar="X",
-                   help="fail when the similarity is more than X below the baseline's")
+    g.add_argument("--max-drop", type=_drop, metavar="X|auto",
+                   help="fail when the similarity is more than X below the baseline's; "
+                   f"auto: more than {AUTO_K:g} x the baseline's own 95%% interval half-width "
+                   "(docs/client.md, choosing --max-drop)")
     g.add_argument("--max-relative-drop", type=float, metavar="F",
                    help="fail when it falls by more than the fraction F of the baseline's")
     g.add_argument("--max-drop-per-point", type=float, metavar="X",
@@ -81,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                        ("--controls", catalogue.CONTROLS)):
         s.add_argument(flag, help=f"comma-separated, of: {_escaped(kind.help())}")
     s.add_argument("--directions", choices=["front_to_back", "back_to_front", "both"])
+    s.add_argument("--budget", choices=list(catalogue.BUDGETS.names),
+                   help="a preset of samples and stitch points (full: the spec's; ci: 64 "
+                   "training and 200 test samples, at most 2 stitch points, for a gate on "
+                   "every pull request)")
     s.add_argument("--arch", help="architecture of both models (else from the files): a timm "
                    "name, or SOURCE:NAME such as torchvision:resnet50")
     s.add_argument("--arch-kwargs", metavar="JSON", help="e.g. '{\"num_classes\": 10}'")

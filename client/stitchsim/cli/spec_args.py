@@ -77,6 +77,8 @@ def spec_fields(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
             fields[name] = _csv(getattr(args, name))
     if args.directions:
         fields["directions"] = args.directions
+    if getattr(args, "budget", None):
+        fields["budget"] = args.budget
     if args.arch or args.arch_kwargs:
         kwargs = None
         if args.arch_kwargs:

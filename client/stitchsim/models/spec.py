@@ -17,6 +17,7 @@ from pydantic import (
 from stitchsim import catalogue
 from stitchsim.models.vocabulary import (
     Attack,
+    Budget,
     Control,
     Cue,
     Direction,
@@ -364,6 +365,20 @@ class FulaSettings(_Strict):
     )
 
 
+T = TypeVar("T")
+
+
+def thin_points(points: list[T], at_most: int) -> list[T]:
+    """At most `at_most` of the points: the first, the last and evenly spaced ones between
+    (a budget's points: the shallowest and the deepest keep the depth range)."""
+    if len(points) <= at_most:
+        return list(points)
+    if at_most == 1:
+        return [points[-1]]
+    step = (len(points) - 1) / (at_most - 1)
+    return [points[round(i * step)] for i in range(at_most)]
+
+
 class Spec(_Strict):
     front: ModelRef
     back: ModelRef
@@ -405,8 +420,32 @@ class Spec(_Strict):
     )
     measure_settings: MeasureSettings = MeasureSettings()
     fula: FulaSettings = FulaSettings()
+    budget: Budget = Field(
+        default="full", description="a named preset of samples and stitch points: "
+        + catalogue.BUDGETS.describe())
     threshold: float | None = Field(default=None, ge=0, le=1)
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _budget_preset(cls, data: Any) -> Any:
+        """The budget's train settings under the fields the spec sets, and its stitch points
+        out of a listed `layers` (an `auto` list is thinned where the engine resolves it).
+        An unknown budget is left to the field's own check."""
+        if not isinstance(data, dict):
+            return data
+        name = data.get("budget", "full")
+        entry = catalogue.BUDGETS.get(name) if isinstance(name, str) else None
+        if entry is None:
+            return data
+        out = dict(data)
+        train = data.get("train", {})
+        if isinstance(train, dict) and entry.train:
+            out["train"] = {**entry.train_settings, **train}
+        layers = data.get("layers")
+        if isinstance(layers, list) and entry.points is not None:
+            out["layers"] = thin_points(layers, entry.points)
+        return out
 
     @field_validator("class_pairing")
     @classmethod

@@ -11,6 +11,7 @@ from stitchsim import catalogue
 from stitchsim.catalogue import CONTROLS, OBJECTIVES, OUTPUT_KINDS, PROTOCOLS
 from stitchsim.failure import Failure
 from stitchsim.models import ModelRef, Spec
+from stitchsim.models.spec import thin_points
 from stitchsim_worker.engine.data.datasets import Dataset, file_sha256, load_dataset
 from stitchsim_worker.engine.errors import JobCancelled
 from stitchsim_worker.engine.models.loading import LoadedModel, build_model
@@ -197,7 +198,9 @@ def _identity(model: LoadedModel, checkpoint: str) -> dict[str, object]:
 
 def pair_points_of(spec: Spec, front: Network, back: Network) -> list[tuple[str, str]]:
     if spec.layers == "auto":
-        return pair_points(front.auto_points(), back.auto_points())
+        points = catalogue.BUDGETS[spec.budget].points
+        pairs = pair_points(front.auto_points(), back.auto_points())
+        return pairs if points is None else thin_points(pairs, points)
     for pair in spec.layers:
         front.check_point(pair.front)
         back.check_point(pair.back)
