@@ -77,7 +77,7 @@ def make_report(
     models = {side: _model(ref.checkpoint if isinstance(ref.checkpoint, str) else "local",
                            at_chance=near_chance == side, undetermined=undetermined == side)
               for side, ref in (("front", spec.front), ("back", spec.back))}
-    reason = withheld(spec, models["front"], models["back"])
+    reason = withheld(spec, models["front"], models["back"], summary, results)
     return Report(job_id=job_id, spec=spec, **models, dataset={"name": "digits"},
                   results=results, summary=summary, verdict_reason=reason,
                   verdict=None if reason else engine_verdict(summary),
