@@ -36,7 +36,9 @@ TINY_SPEC: dict[str, Any] = {
     "layers": [{"front": "layer2", "back": "layer2"}], "objectives": ["slm"],
     "directions": "front_to_back", "dataset": "digits",
     "train": {"epochs": 2, "max_train_samples": 300, "max_test_samples": 200},
-    "iri": {"steps": 20},
+    # 20 steps, no finishing rounds: the async client is under test, not the IRIs, so the
+    # verdict on unconverged IRIs is accepted explicitly (issue 36 withholds it otherwise).
+    "iri": {"steps": 20, "extra_rounds": 0, "accept_unconverged": True},
 }
 
 
