@@ -182,7 +182,8 @@ def test_schedules() -> None:
 
 
 def test_a_cap_beyond_the_limit_is_refused_with_what_to_change() -> None:
-    with pytest.raises(ValueError, match="lower iri.steps or iri.extra_rounds"):
+    with pytest.raises(ValueError,
+                       match="lower iri.steps, iri.extra_round_steps or iri.extra_rounds"):
         fast_iri(steps=10_000)
     assert fast_iri(steps=10_000, extra_rounds=0).max_steps == 10_000
 

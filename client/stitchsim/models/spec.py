@@ -256,9 +256,10 @@ class IRISettings(_Strict):
     def _bounded_cap(self) -> IRISettings:
         if self.max_steps > MAX_IRI_STEPS:
             raise ValueError(
-                f"the rounds (steps, then extra_rounds more, each extra_round_growth times the "
-                f"last) make {self.max_steps} steps per sample; at most {MAX_IRI_STEPS}: lower "
-                f"iri.steps or iri.extra_rounds"
+                f"the rounds (steps, then extra_rounds more of extra_round_steps, each "
+                f"extra_round_growth times the last) make {self.max_steps} steps per sample; at "
+                f"most {MAX_IRI_STEPS}: lower iri.steps, iri.extra_round_steps or "
+                f"iri.extra_rounds"
             )
         return self
 
