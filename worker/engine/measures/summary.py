@@ -192,9 +192,11 @@ def withheld(spec: Spec, front: ModelSummary, back: ModelSummary,
             "nothing; check the dataset, the arch_kwargs and the preprocessing (mean/std or "
             "preprocess) of that model"
         )
-    loose = [] if summary is None or spec.iri.accept_unconverged else unconverged(summary, rows)
+    if summary is None or spec.iri.accept_unconverged:
+        return None
+    loose = unconverged(summary, rows)
     if loose:
-        label = catalogue.PROTOCOLS.label(summary.similarity_protocol)  # type: ignore[union-attr]
+        label = catalogue.PROTOCOLS.label(summary.similarity_protocol)
         return (
             f"the {label} figure rests on IRIs that did not converge at " + ", ".join(loose)
             + f" (median at or above iri.converged_below {spec.iri.converged_below:g} after "
