@@ -204,7 +204,6 @@ def probe(device: Any, sizes: tuple[int, ...] = PROBE_SIZES) -> dict[int, float]
     """Seconds a work unit takes at each input side, timed on a resnet18 (random weights)."""
     import timm
     import torch
-    from stitchsim_worker.engine.device import autocast
 
     torch.manual_seed(0)
     net = timm.create_model(PROBE_ARCH, pretrained=False, num_classes=10).to(device)
@@ -217,8 +216,8 @@ def probe(device: Any, sizes: tuple[int, ...] = PROBE_SIZES) -> dict[int, float]
 
         def step(x: torch.Tensor = x) -> None:
             net.zero_grad(set_to_none=True)
-            with autocast(device):
-                loss = net(x).float().logsumexp(dim=1).mean()
+            # fp32, as IRIs run by default (iri.precision).
+            loss = net(x).float().logsumexp(dim=1).mean()
             loss.backward()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)

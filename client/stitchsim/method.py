@@ -36,7 +36,9 @@ def method_settings(spec: Spec) -> dict[str, Any]:
     # IRI settings move the figure only of protocols that train on IRIs; a check without
     # them keeps its baseline when the IRI defaults change.
     if catalogue.PROTOCOLS.any_of(protocols, uses_iris=True):
-        out.update(_flat("iri", spec.iri.model_dump(mode="json")))
+        # accept_unconverged decides whether a verdict is given, not the figure.
+        out.update(_flat("iri", spec.iri.model_dump(mode="json",
+                                                    exclude={"accept_unconverged"})))
     if catalogue.PROTOCOLS.any_of(protocols, attacks=True) or spec.adversarial.evaluate:
         out.update(_flat("adversarial", spec.adversarial.model_dump(mode="json")))
     return out

@@ -178,6 +178,24 @@ def _notes(title: str, items: Iterable[str]) -> list[str]:
     return ["", title, *(f"  - {_clean(w, 500)}" for w in unique)] if unique else []
 
 
+def iri_lines(report: Report) -> list[str]:
+    """Per direction and stitch point the IRIs were made for: their median distance, whether
+    it is under the convergence line, and the steps a sample took (the budget beside it)."""
+    headers = ["direction", "IRIs at", "median", "p90", "converged", "steps used / cap",
+               "pixel median"]
+    rows = [
+        [DIRECTION_ASCII[r.direction],
+         _clean(view.stitch_order(r.front_layer, r.back_layer, r.direction)[0]),
+         fmt(r.iri.median), fmt(r.iri.p90), "yes" if r.iri.converged else "NO",
+         (f"{r.iri.steps_used:.0f}" if r.iri.steps_used is not None else "-")
+         + f" / {r.iri.steps}", fmt(r.iri.pixel_median)]
+        for direction in DIRECTION_ASCII
+        for r in view.iri_rows(report, direction)  # type: ignore[arg-type]
+        if r.iri is not None
+    ]
+    return _align(headers, rows, numeric={2, 3, 5, 6})
+
+
 def format_table(report: Report) -> str:
     """The whole report as aligned plain text; the verdict is the last line."""
     lines = [*_model_lines("front", report), *_model_lines("back", report), ""]
@@ -187,6 +205,8 @@ def format_table(report: Report) -> str:
         lines += unstitched_lines(report)
     if report.controls:
         lines += ["", "controls"] + controls_lines(report)
+    if any(r.iri is not None for r in report.results):
+        lines += ["", f"IRIs ({view.iri_method(report)})"] + iri_lines(report)
     lines += ["", "mean agreement over stitch points"] + summary_lines(report)
     if report.summary.by_protocol:
         lines.append(f"weaker direction: {view.overall_line(report)}")

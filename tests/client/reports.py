@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from stitchsim.models import ModelSummary, PreprocessInfo, Report, ResultRow, Spec
+from stitchsim import catalogue
+from stitchsim.models import IRIStats, ModelSummary, PreprocessInfo, Report, ResultRow, Spec
 from stitchsim_worker.engine.measures.summary import (
     summarise,
     verdict as engine_verdict,
@@ -25,6 +26,7 @@ def make_report(
     near_chance: str | None = None,
     caveats: Sequence[str] = (),
     undetermined: str | None = None,
+    iri_median: float | None = None,
 ) -> Report:
     """A report for `spec`; `agreement[(protocol, direction)]` is the mean over stitch points
     and objectives, which is how the engine pools them for the verdict.
@@ -33,7 +35,9 @@ def make_report(
     symmetrically, so the pooled mean stays exact. Missing entries default to 0.95.
     `near_chance` ("front" or "back") puts that model at chance: no verdict, and why;
     `caveats` become the verdict's caveats; `undetermined` ("front" or "back") gives that
-    model a preprocessing no measurement decided.
+    model a preprocessing no measurement decided. `iri_median` gives the rows of protocols
+    that use IRIs IRIs of that median distance (converged below the spec's line or not),
+    made in 200 steps of the spec's cap.
     """
     spec = spec if isinstance(spec, Spec) else Spec.model_validate(spec)
     agreement = agreement or {}
@@ -71,17 +75,27 @@ def make_report(
                             error_consistency_ci=(0.7, 0.9),
                             train_loss=0.1,
                             seconds=1.5,
+                            iri=_iris(spec, iri_median, protocol),
                         )
                     )
     summary = summarise(spec, results)
     models = {side: _model(ref.checkpoint if isinstance(ref.checkpoint, str) else "local",
                            at_chance=near_chance == side, undetermined=undetermined == side)
               for side, ref in (("front", spec.front), ("back", spec.back))}
-    reason = withheld(spec, models["front"], models["back"])
+    reason = withheld(spec, models["front"], models["back"], summary, results)
     return Report(job_id=job_id, spec=spec, **models, dataset={"name": "digits"},
                   results=results, summary=summary, verdict_reason=reason,
                   verdict=None if reason else engine_verdict(summary),
                   verdict_caveats=[*verdict_caveats(summary, results), *caveats])
+
+
+def _iris(spec: Spec, median: float | None, protocol: str) -> IRIStats | None:
+    if median is None or not catalogue.PROTOCOLS[protocol].uses_iris:
+        return None
+    return IRIStats(method=spec.iri.method, start_median=1.0, median=median, p90=median,
+                    max=median, converged=median < spec.iri.converged_below, cache_hit=False,
+                    n=128, seconds=1.0, converged_below=spec.iri.converged_below,
+                    steps=spec.iri.max_steps, steps_used=200.0)
 
 
 def _model(checkpoint: str, *, at_chance: bool, undetermined: bool = False) -> ModelSummary:

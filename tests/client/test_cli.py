@@ -197,6 +197,29 @@ def test_spec_refused_by_the_service_exits_2_with_its_message(
     assert "no module 'layer9' in resnet18 (invalid_spec, HTTP 422)" in err
 
 
+def test_no_verdict_on_unconverged_iris_exits_2_and_says_what_to_set(
+    fake: FakeService, files: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 36: IRIs the front can still tell from real inputs void the verdict, as a model
+    at chance does: exit 2, the points named, what to set; the table shows each point's IRIs
+    and the steps they took."""
+    fake.report_extra = {"iri_median": 0.56}
+    assert check(fake, files, "--threshold", "0.9") == 2
+    out = capsys.readouterr().out
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith("NO VERDICT: the invariance-aware figure rests on IRIs that did not "
+                           "converge at back_to_front layer1->layer1 (median 0.56, 200 steps)")
+    assert "front_to_back layer2->layer2 (median 0.56, 200 steps)" in last
+    assert "iri.extra_rounds" in last and "iri.accept_unconverged true" in last
+    assert "PASS" not in out and "FAIL" not in out
+    iris = [line.split() for line in out.splitlines() if line.startswith("front->back  layer")]
+    assert ["front->back", "layer1", "0.560", "0.560", "NO", "200", "/", "1200"] in [
+        r[:8] for r in iris]
+    # Converged IRIs: the verdict stands.
+    fake.report_extra = {"iri_median": 0.1}
+    assert check(fake, files, "--threshold", "0.9") == 0
+
+
 def test_no_verdict_at_chance_exits_2_and_says_what_to_fix(
     fake: FakeService, files: tuple[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -151,7 +151,7 @@ def test_corrupt_and_partial_cache_entries_are_rebuilt(ckpts, tmp_path: Path) ->
     assert run(s, tmp_path).results[0].iri.cache_hit
 
 
-def test_unconverged_iris_are_flagged(ckpts, tmp_path: Path) -> None:
+def test_unconverged_iris_are_flagged_and_void_the_verdict(ckpts, tmp_path: Path) -> None:
     s = spec(
         ckpts.digits_resnet,
         ckpts.digits_resnet,
@@ -160,7 +160,7 @@ def test_unconverged_iris_are_flagged(ckpts, tmp_path: Path) -> None:
         layers=layers("layer1"),
         train=TINY,
         iri={"steps": 2, "extra_rounds": 0},  # no convergence-driven rounds to rescue it
-    )
+    ).model_copy(update={"threshold": 0.5})
     report = run(s, tmp_path)
     stats = report.results[0].iri
     assert not stats.converged
@@ -169,11 +169,25 @@ def test_unconverged_iris_are_flagged(ckpts, tmp_path: Path) -> None:
     # and the IRIs' pixel distance stands beside their feature distance: two steps of 1/255
     # from uniform noise leave them far from x (about 0.3-0.4 rms: noise is ~0.4 from a digit).
     assert stats.method == "paper" and report.iri_settings == s.iri
-    assert report.iri_settings.described() == "paper (steps 2)"
+    assert report.iri_settings.described() == "paper (steps 2, extra_rounds 0)"
     assert 0.2 < stats.pixel_median < 0.6 and 0.2 < stats.pixel_rms < 0.6, stats
+    assert stats.steps_used == 2 and stats.steps == 2
     method, loose = report.verdict_caveats
-    assert "iri.method paper (steps 2) (the paper's code)" in method
-    assert "did not converge" in loose and "iri.method paper (steps 2)" in loose
+    assert "iri.method paper (steps 2, extra_rounds 0) (the paper's code)" in method
+    assert "did not converge" in loose and "iri.method paper (steps 2, extra_rounds 0)" in loose
+    # Issue 36: a threshold was given, but the figure rests on IRIs the front can still tell
+    # from real inputs: no verdict, the point named, and what to set.
+    assert report.verdict is None and report.summary.threshold == 0.5
+    reason = report.verdict_reason or ""
+    assert "front_to_back layer1->layer1 (median" in reason and "2 steps" in reason, reason
+    assert "iri.extra_rounds" in reason and "iri.accept_unconverged" in reason
+    # Accepted explicitly: the verdict is given, on the same IRIs (the field is not the
+    # IRIs': the cache serves them), the caveat stays.
+    accepted = run(s.model_copy(update={"iri": s.iri.model_copy(
+        update={"accept_unconverged": True})}), tmp_path)
+    assert accepted.results[0].iri.cache_hit
+    assert accepted.verdict in ("similar", "dissimilar") and accepted.verdict_reason is None
+    assert any("did not converge" in c for c in accepted.verdict_caveats)
 
 
 def test_both_directions_and_the_shortcut_control(ckpts) -> None:

@@ -15,7 +15,6 @@ from stitchsim_worker.engine.iri.kernels import FEW_CHANNELS, Kernels
 from stitchsim_worker.engine.iri.synthesis import (
     EXTRA_ROUNDS_AIM,
     Synthesis,
-    round_lengths,
     step_schedule,
     synthesize,
 )
@@ -172,14 +171,19 @@ def test_schedules() -> None:
     same = step_schedule(fast_iri(step_size=0.1, cycle_steps=4), 8, round_index=1)
     assert same == cosine  # rounds of one length: cycles of one length
     assert step_schedule(fast_iri(schedule="constant", step_size=0.2), 3) == [0.2] * 3
-    assert round_lengths(fast_iri(steps=100, extra_rounds=2)) == [100, 100, 100]
+    assert fast_iri(steps=100, extra_rounds=2).round_lengths() == [100, 100, 100]
     assert fast_iri().max_steps == 700  # the defaults: 7 cycles of 100 at most
     doubling = fast_iri(steps=100, extra_rounds=2, extra_round_growth=2)
-    assert round_lengths(doubling) == [100, 200, 400] and doubling.max_steps == 700
+    assert doubling.round_lengths() == [100, 200, 400] and doubling.max_steps == 700
+    # Extra rounds of their own length (the paper method's: 200, then rounds of 100).
+    own = fast_iri(steps=200, extra_rounds=3, extra_round_steps=50)
+    assert own.round_lengths() == [200, 50, 50, 50] and own.max_steps == 350
+    assert IRISettings().round_lengths() == [200] + [100] * 10
 
 
 def test_a_cap_beyond_the_limit_is_refused_with_what_to_change() -> None:
-    with pytest.raises(ValueError, match="lower iri.steps or iri.extra_rounds"):
+    with pytest.raises(ValueError,
+                       match="lower iri.steps, iri.extra_round_steps or iri.extra_rounds"):
         fast_iri(steps=10_000)
     assert fast_iri(steps=10_000, extra_rounds=0).max_steps == 10_000
 

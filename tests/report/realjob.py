@@ -43,7 +43,9 @@ def tiny_spec(front: str, back: str, layer: str | None) -> dict[str, Any]:
         "directions": "both",
         "train": {"epochs": 1, "max_train_samples": 200, "max_test_samples": 100},
         # The page tests read the IRI figures, never their convergence: no extra rounds.
-        "iri": {"method": "fast", "steps": 10, "extra_rounds": 0},
+        # Ten steps leave the IRIs unconverged; the page is under test, so its verdict is
+        # accepted explicitly (issue 36 withholds it otherwise).
+        "iri": {"method": "fast", "steps": 10, "extra_rounds": 0, "accept_unconverged": True},
         "controls": ["identity", "clustered_noise"],
         "threshold": 0.5,
     }

@@ -183,7 +183,7 @@ def make_sample_report(threshold: float | None = 0.75, shift: float = 0.0,
         controls += _controls(direction, pairs)
     summary = summarise(spec, results)
     front, back = _models(front_arch, back_arch, front_layers, back_layers, spec, near_chance)
-    reason = withheld(spec, front, back)
+    reason = withheld(spec, front, back, summary, results)
     return Report(
         job_id="job_0123456789abcdef", spec=spec, front=front, back=back,
         dataset={"name": "digits", "n_train": 1437, "n_test": 360, "n_classes": 10,

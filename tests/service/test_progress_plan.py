@@ -48,8 +48,11 @@ def test_iri_extra_rounds_move_the_bar_to_the_end(ckpts: Any, tmp_path: Path) ->
 
     path = {"checkpoint": {"path": str(ckpts.digits_resnet)}}
     # Distances never fall below 1e-6: every batch runs all its extra rounds.
+    # The paper method's extra rounds have their own length (100): null takes the first
+    # round's times the growth.
     iri = {"steps": 4, "cycle_steps": 4, "extra_rounds": 2, "extra_round_growth": 2,
-           "stop_below": None, "converged_below": 1e-6, "batch_size": 64}
+           "extra_round_steps": None, "stop_below": None, "converged_below": 1e-6,
+           "batch_size": 64}
     spec = Spec.model_validate(tiny_spec(path, path, protocols=["invariance_aware"], iri=iri,
                                          train={"epochs": 1, "max_train_samples": 128,
                                                 "max_test_samples": 64, "seed": 0}))

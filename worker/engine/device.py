@@ -32,15 +32,17 @@ def pick_device(requested: str) -> torch.device:
     return device
 
 
-def bf16_enabled(device: torch.device) -> bool:
-    # IRI synthesis follows the sign of a gradient, which bf16 leaves intact; opt out with
-    # STITCHSIM_BF16=0 where a model proves sensitive.
-    return device.type == "cuda" and os.environ.get("STITCHSIM_BF16", "1") != "0"
+def bf16_enabled(device: torch.device, asked: bool) -> bool:
+    """bf16 autocast where the job asked for it (iri.precision), on CUDA only (CPU autocast is
+    slower than fp32 there), unless the operator turned it off (STITCHSIM_BF16=0). The default
+    is fp32, as the paper runs: bf16 keeps a gradient's sign mostly, but no GPU run has yet
+    shown equal figures (docs/method.md)."""
+    return asked and device.type == "cuda" and os.environ.get("STITCHSIM_BF16", "1") != "0"
 
 
 @contextlib.contextmanager
-def autocast(device: torch.device) -> Iterator[None]:
-    if bf16_enabled(device):
+def autocast(device: torch.device, bf16: bool) -> Iterator[None]:
+    if bf16_enabled(device, bf16):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             yield
     else:

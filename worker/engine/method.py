@@ -11,7 +11,7 @@ from __future__ import annotations
 from stitchsim.method import method_settings
 from stitchsim.models import MethodRecord, Spec
 
-METHOD_VERSION = "2026.12.1"
+METHOD_VERSION = "2026.12.2"  # .2: the paper IRI method finishes (issue 36)
 
 
 def method_record(spec: Spec) -> MethodRecord:

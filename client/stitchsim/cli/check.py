@@ -85,7 +85,8 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         write_file(args.markdown, outcome_markdown(report, outcome, report_url=url))
     if view.no_verdict_despite_threshold(report):
         # Not a pass and not "below threshold": the figures cannot be trusted, and what makes
-        # them so is on the user's side (the dataset, arch kwargs or preprocessing).
+        # them so is on the user's side (the dataset, arch kwargs or preprocessing, or IRI
+        # steps too few to converge).
         print(f"NO VERDICT: {report.verdict_reason}", file=out)
         return EXIT_USAGE
     _print_outcome(report, outcome, out)

@@ -6,7 +6,8 @@
        than --max-drop / --max-relative-drop below the baseline, a stitch point broke
        --min-point-agreement / --max-drop-per-point, or a caveat with --fail-on-caveat
     2  usage, configuration or spec error (fix the command, the files or the spec), a report
-       with no verdict although a threshold was given (a model at chance), or a baseline that
+       with no verdict although a threshold was given (a model at chance, or IRIs that did not
+       converge without iri.accept_unconverged: NO VERDICT), or a baseline that
        does not compare (another reference, dataset or method: --recompute-baseline)
     3  service or infrastructure error, including the service being unreachable (retry later)
     4  timed out waiting for the job

@@ -435,7 +435,9 @@ def iri_plot(report: Report, direction: Direction) -> Plot | None:
         f"source image, per stitch point; converged when the median is below {threshold:g}. "
         + "; ".join(
             f"{stitch_order(r.front_layer, r.back_layer, direction)[0]}: median "
-            f"{r.iri.median:.3g} (start {r.iri.start_median:.3g})"
+            f"{r.iri.median:.3g} (start {r.iri.start_median:.3g}"
+            + (f", {r.iri.steps_used:.0f} of {r.iri.steps} steps" if r.iri.steps_used else "")
+            + ")"
             for r in rows
             if r.iri is not None
         )

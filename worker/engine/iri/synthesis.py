@@ -7,15 +7,16 @@ that does not share its invariances can.
 
 How (IRISettings, whose `method` presets the step fields: catalogue.IRI_METHODS; `paper` is the
 invariance-aware paper's code, 200 constant steps of 1/255 on each step's own gradient, last
-iterate, no stopping): the step follows a cosine schedule (or stays constant) against the
+iterate, run on in rounds of 100 such steps while the median is short of the convergence line):
+the step follows a cosine schedule (or stays constant) against the
 sign of the gradient's running sum (`momentum`; 0: of the step's own gradient); each sample
 keeps its best iterate or its last (`iterate`); a sample whose distance falls below
 `stop_below` stops and leaves the batch (compaction: later steps cost only the live samples);
-while a batch's median is short of the convergence line, extra rounds run (each as long as
-the first, or growing), up to `extra_rounds`; with `extra_rounds_stop_at_aim`, only the
-samples still above the rounds' aim take them. On the CPU, `fast_kernels` picks the memory
-format and the kernel of the pixel gradient (see Kernels). Everything is a function of the
-settings and the seed: deterministic on one device type.
+while a batch's median is short of the convergence line, extra rounds run (of
+`extra_round_steps`, or as long as the first; or growing), up to `extra_rounds`; with
+`extra_rounds_stop_at_aim`, only the samples still above the rounds' aim take them. On
+the CPU, `fast_kernels` picks the memory format and the kernel of the pixel gradient (see
+Kernels). Everything is a function of the settings and the seed: deterministic on one device type.
 """
 
 from __future__ import annotations
@@ -43,9 +44,13 @@ log = logging.getLogger(__name__)
 EXTRA_ROUNDS_AIM = 0.9
 
 
-CACHE_FORMAT = "iri-v5"  # v2: schedules, early stopping, extra rounds; v3: fast kernels,
+CACHE_FORMAT = "iri-v6"  # v2: schedules, early stopping, extra rounds; v3: fast kernels,
 # extra rounds of one length and optionally stopping at the aim, the median as reported;
-# v4: momentum; v5: the last iterate (iri.iterate), keyed by the effective settings only
+# v4: momentum; v5: the last iterate (iri.iterate), keyed by the effective settings only;
+# v6: the paper method runs on in extra rounds of their own length (extra_round_steps) until
+# converged, fp32 unless iri.precision asks for bf16, per-sample steps kept
+# Fields that do not change the IRIs: the verdict's rule, not the synthesis.
+_NOT_IN_KEY = {"method", "accept_unconverged"}
 
 
 @dataclass
@@ -61,8 +66,8 @@ def cache_key(
     (the convergence line too, when it decides whether extra rounds run)."""
     # The method is a name for settings the key holds already: the same effective settings
     # under either name are the same IRIs.
-    knobs = settings.model_dump(
-        exclude={"method"} if settings.extra_rounds else {"method", "converged_below"})
+    knobs = settings.model_dump(exclude=_NOT_IN_KEY if settings.extra_rounds
+                                else {*_NOT_IN_KEY, "converged_below", "extra_round_steps"})
     blob = json.dumps(
         {
             "format": CACHE_FORMAT,
@@ -133,14 +138,8 @@ def step_schedule(settings: IRISettings, length: int, round_index: int = 0) -> l
 
 
 def round_lengths(settings: IRISettings) -> list[int]:
-    """The first round, then the convergence-driven ones, each extra_round_growth times the
-    one before. Rounds of one cycle each (the default) end where the median is checked: a batch
-    that has converged takes no more steps than it needs, to the cycle (bench/iri_convergence:
-    at a CNN's stage points the first release's doubling rounds took 300-700 steps, equal
-    ones 200-500 to a median no further than the old method's)."""
-    return [
-        settings.steps * settings.extra_round_growth**r for r in range(settings.extra_rounds + 1)
-    ]
+    """The first round, then the convergence-driven ones (IRISettings.round_lengths)."""
+    return settings.round_lengths()
 
 
 def _project(x_iri: torch.Tensor, x: torch.Tensor, linf: float | None) -> torch.Tensor:
@@ -184,8 +183,9 @@ def _distance(
     x_iri: torch.Tensor,
     target: torch.Tensor,
     kernels: Kernels,
+    bf16: bool,
 ) -> torch.Tensor:
-    with autocast(x_iri.device), kernels.mode():
+    with autocast(x_iri.device, bf16), kernels.mode():
         return per_sample_distance(front(kernels.images(x_iri)).float(), target)
 
 
@@ -196,10 +196,11 @@ def _synthesize_batch(
     noise: torch.Generator,
     on_step: Callable[[int], None],
 ) -> _Batch:
+    bf16 = settings.precision == "bf16"
     with torch.no_grad():
         kernels = Kernels.pick(settings, x.device, front(x[:1]).dim())
         # The target from the same kernels as the steps: at x' = x the distance is exactly 0.
-        with autocast(x.device), kernels.mode():
+        with autocast(x.device, bf16), kernels.mode():
             target = front(kernels.images(x)).float()
     x_iri = _project(torch.rand(x.shape, generator=noise).to(x.device), x, settings.linf)
     best = x_iri.clone()
@@ -221,7 +222,7 @@ def _synthesize_batch(
         if done.any():
             live.keep(~done)
 
-    for r, length in enumerate(round_lengths(settings)):
+    for r, length in enumerate(settings.round_lengths()):
         # The median as reported (the mean of the middle two of an even batch), not the lower one.
         if r > 0 and (len(live) == 0 or float(best_d.quantile(0.5)) < aim):
             break
@@ -234,7 +235,7 @@ def _synthesize_batch(
             if len(live) == 0:
                 break
             xi = live.x_iri.requires_grad_(True)
-            d = _distance(front, xi, live.target, kernels)
+            d = _distance(front, xi, live.target, kernels, bf16)
             (grad,) = torch.autograd.grad(d.sum(), xi)
             d, xi = d.detach(), xi.detach()
             if r == 0 and t == 0:
@@ -248,7 +249,7 @@ def _synthesize_batch(
             on_step(stepped)
         if len(live):  # the last step's iterate has not been measured yet
             with torch.no_grad():
-                d = _distance(front, live.x_iri, live.target, kernels)
+                d = _distance(front, live.x_iri, live.target, kernels, bf16)
                 record(d, live.x_iri, line)
     return _Batch(best, start, best_d, taken)
 

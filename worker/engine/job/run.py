@@ -146,7 +146,7 @@ def _report(ran: Ran) -> Report:
     back = _model_summary(ctx, prep.back, [p[1] for p in prep.pairs])
     dataset = prep.data.describe()
     summary: Summary = summarise(spec, results, ran.controls, measured.rows)
-    reason = withheld(spec, front, back)
+    reason = withheld(spec, front, back, summary, results)
     report = Report(
         job_id=ran.job_id,
         spec=spec,

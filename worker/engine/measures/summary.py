@@ -175,21 +175,55 @@ def chance_warning(m: ModelSummary, where: str, dataset: str) -> str | None:
     )
 
 
-def withheld(spec: Spec, front: ModelSummary, back: ModelSummary) -> str | None:
+def withheld(spec: Spec, front: ModelSummary, back: ModelSummary,
+             summary: Summary | None = None, rows: Iterable[ResultRow] = ()) -> str | None:
     """Why no verdict may be given although a threshold was asked for (a clause: renderings
-    lead in with "no verdict" in their own words); None when it may."""
+    lead in with "no verdict" in their own words); None when it may. Two things void the
+    figure: a model at chance, and (unless iri.accept_unconverged) IRIs that did not converge
+    under the protocol the verdict reads."""
     if spec.threshold is None:
         return None
     at_chance = [w for w, m in (("front", front), ("back", back)) if m.near_chance]
-    if not at_chance:
+    if at_chance:
+        models = {"front": front, "back": back}
+        which = " and ".join(f"the {w} model ({models[w].arch})" for w in at_chance)
+        return (
+            f"{which} scores at chance on this dataset, so agreement with it means "
+            "nothing; check the dataset, the arch_kwargs and the preprocessing (mean/std or "
+            "preprocess) of that model"
+        )
+    if summary is None or spec.iri.accept_unconverged:
         return None
-    models = {"front": front, "back": back}
-    which = " and ".join(f"the {w} model ({models[w].arch})" for w in at_chance)
-    return (
-        f"{which} scores at chance on this dataset, so agreement with it means "
-        "nothing; check the dataset, the arch_kwargs and the preprocessing (mean/std or "
-        "preprocess) of that model"
-    )
+    loose = unconverged(summary, rows)
+    if loose:
+        label = catalogue.PROTOCOLS.label(summary.similarity_protocol)
+        return (
+            f"the {label} figure rests on IRIs that did not converge at " + ", ".join(loose)
+            + f" (median at or above iri.converged_below {spec.iri.converged_below:g} after "
+            f"{spec.iri.max_steps} steps at most): the stitch was trained on inputs the front "
+            "model can still tell from real ones. " + _UNCONVERGED_FIX
+        )
+    return None
+
+
+_UNCONVERGED_FIX = (
+    "Give the IRIs more steps (iri.extra_rounds for more rounds, or iri.steps / "
+    "iri.extra_round_steps), or set iri.accept_unconverged true to take the verdict anyway"
+)
+
+
+def unconverged(summary: Summary, rows: Iterable[ResultRow]) -> list[str]:
+    """The stitch points whose IRIs stayed above the convergence line under the protocol the
+    verdict reads, as "direction front->back (median m, s steps)"."""
+    used = summary.similarity_protocol
+    if not catalogue.PROTOCOLS[used].uses_iris:
+        return []
+    return sorted({
+        f"{r.direction} {r.front_layer}->{r.back_layer} (median {r.iri.median:.2f}"
+        + (f", {r.iri.steps_used:.0f} steps" if r.iri.steps_used is not None else "") + ")"
+        for r in rows
+        if r.protocol == used and r.iri is not None and not r.iri.converged
+    })
 
 
 def verdict_caveats(summary: Summary, rows: list[ResultRow],
@@ -211,17 +245,12 @@ def verdict_caveats(summary: Summary, rows: list[ResultRow],
         f"the {label} figure rests on IRIs made by {named}{what}; another IRI method can move "
         "it (bench/iri_methods.py)"
     ]
-    loose = sorted({
-        f"{r.direction} {r.front_layer}->{r.back_layer} (median {r.iri.median:.2f})"
-        for r in rows
-        if r.protocol == used and r.iri is not None and not r.iri.converged
-    })
+    loose = unconverged(summary, rows)
     if loose:
         caveats.append(
             f"the {label} figure rests on IRIs ({named}) that did not converge at "
             + ", ".join(loose)
             + ": the front model can still tell them from the real inputs, so the stitch was "
-            "trained on inputs that are not indistinguishable; raise iri.steps or "
-            "iri.step_size"
+            "trained on inputs that are not indistinguishable. " + _UNCONVERGED_FIX
         )
     return caveats
