@@ -50,24 +50,27 @@ uvicorn could start several processes of it."""
 
 SERVE_STOP_S = 10.0
 """`serve` is gone this long after SIGTERM or ^C at the most: gateway, workers, pool children."""
-GATEWAY_GRACE_S = 5
-"""How long the gateway's open requests (long-polls, uploads) may go on once told to stop."""
+GATEWAY_GRACE_S = 10
+"""How long a gateway's open requests (long-polls, uploads) may go on once told to stop."""
+SERVE_GATEWAY_GRACE_S = 5
+"""The same under serve, which must be gone within SERVE_STOP_S."""
 WORKER_GRACE_S = 3.0
 """Under serve, the most a running job gets to finish once told to stop (it goes back to the
 queue if it does not): STITCHSIM_SHUTDOWN_GRACE_S is capped at this for serve's workers."""
 
 
-def _run_gateway(host: str, port: int, log_level: str,
+def _run_gateway(host: str, port: int, log_level: str, grace_s: int,
                  on_signal: Callable[[], None] | None = None) -> None:
-    """The gateway in this process until a signal stops it; on_signal is called as the signal
-    arrives, before the gateway's own graceful shutdown (serve stops its workers meanwhile)."""
+    """The gateway in this process until a signal stops it, with grace_s for open requests
+    then; on_signal is called as the signal arrives, before the gateway's own graceful
+    shutdown (serve stops its workers meanwhile)."""
     import uvicorn
 
     settings = _settings()  # flags and environment are applied: the app reads the same
     # Stock uvicorn, public settings only: requests beyond limit_concurrency get its 503 (the
     # edge limits before a request exists are the reverse proxy's: docs/deploy.md).
     opts: dict[str, Any] = dict(factory=True, host=host, port=port, log_level=log_level,
-                                timeout_graceful_shutdown=GATEWAY_GRACE_S,
+                                timeout_graceful_shutdown=grace_s,
                                 limit_concurrency=settings.max_connections)
     if settings.gateway_workers > 1 or on_signal is None:
         # Several processes (uvicorn's workers) share the port; the job table is all they
@@ -221,7 +224,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     sup.start()
     try:
         # The workers are told to stop as the signal arrives, and stop beside the gateway.
-        _run_gateway(settings.host, settings.port, args.loglevel, on_signal=sup.begin_stop)
+        _run_gateway(settings.host, settings.port, args.loglevel, SERVE_GATEWAY_GRACE_S,
+                     on_signal=sup.begin_stop)
     finally:
         # A margin under SERVE_STOP_S for this process's own exit on a loaded machine.
         sup.stop(within=SERVE_STOP_S - 2.5)
@@ -231,7 +235,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_gateway(args: argparse.Namespace) -> int:
     _apply_env(args)
     settings = _settings()
-    _run_gateway(settings.host, settings.port, args.loglevel)
+    _run_gateway(settings.host, settings.port, args.loglevel, GATEWAY_GRACE_S)
     return 0
 
 
