@@ -16,6 +16,7 @@ from celery import Celery
 from celery.signals import (
     task_received,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
     worker_shutdown,
 )
@@ -24,7 +25,7 @@ from stitchsim_service.core.context import Context
 from stitchsim_service.core.db import forget_inherited_databases
 from stitchsim_service.core.queue import CHECKS_QUEUE, GPU_QUEUE, RUN_TASK, make_celery
 from stitchsim_service.core.settings import get_settings
-from stitchsim_worker.lifeline import die_with_parent
+from stitchsim_worker.lifeline import die_with_parent, ignore_terminate_while_exiting
 
 log = logging.getLogger("stitchsim.worker")
 
@@ -76,6 +77,12 @@ def _child_init(**_: Any) -> None:
         return
     log.info("pool process %d warmed up: %s", os.getpid(),
              ", ".join(f"{name} {seconds:.1f} s" for name, seconds in took.items()))
+
+
+@worker_process_shutdown.connect
+def _child_exiting(**_: Any) -> None:
+    # Sent in the pool child by billiard's exit path, before it writes its DEATH note.
+    ignore_terminate_while_exiting()
 
 
 def _limit_memory(limit: int | None) -> None:

@@ -11,9 +11,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 log = logging.getLogger("stitchsim.server")
 
@@ -48,17 +48,52 @@ GATEWAY_APP = "stitchsim_service.gateway.main:create_app"
 uvicorn could start several processes of it."""
 
 
-def _run_gateway(host: str, port: int, log_level: str) -> None:
+SERVE_STOP_S = 10.0
+"""`serve` is gone this long after SIGTERM or ^C at the most: gateway, workers, pool children."""
+GATEWAY_GRACE_S = 10
+"""How long a gateway's open requests (long-polls, uploads) may go on once told to stop."""
+SERVE_GATEWAY_GRACE_S = 5
+"""The same under serve, which must be gone within SERVE_STOP_S."""
+WORKER_GRACE_S = 3.0
+"""Under serve, the most a running job gets to finish once told to stop (it goes back to the
+queue if it does not): STITCHSIM_SHUTDOWN_GRACE_S is capped at this for serve's workers."""
+
+
+def _run_gateway(host: str, port: int, log_level: str, grace_s: int,
+                 on_signal: Callable[[], None] | None = None) -> None:
+    """The gateway in this process until a signal stops it, with grace_s for open requests
+    then; on_signal is called as the signal arrives, before the gateway's own graceful
+    shutdown (serve stops its workers meanwhile)."""
     import uvicorn
 
     settings = _settings()  # flags and environment are applied: the app reads the same
-    # Several processes (uvicorn's workers) share the port; the job table is all they share.
-    workers = settings.gateway_workers if settings.gateway_workers > 1 else None
     # Stock uvicorn, public settings only: requests beyond limit_concurrency get its 503 (the
     # edge limits before a request exists are the reverse proxy's: docs/deploy.md).
-    uvicorn.run(GATEWAY_APP, factory=True, host=host, port=port, log_level=log_level,
-                timeout_graceful_shutdown=10, workers=workers,
-                limit_concurrency=settings.max_connections)
+    opts: dict[str, Any] = dict(factory=True, host=host, port=port, log_level=log_level,
+                                timeout_graceful_shutdown=grace_s,
+                                limit_concurrency=settings.max_connections)
+    if settings.gateway_workers > 1 or on_signal is None:
+        # Several processes (uvicorn's workers) share the port; the job table is all they
+        # share. uvicorn's own supervisor handles the signals then.
+        workers = settings.gateway_workers if settings.gateway_workers > 1 else None
+        uvicorn.run(GATEWAY_APP, workers=workers, **opts)
+        return
+    server = _gateway_server(uvicorn.Config(GATEWAY_APP, **opts), on_signal)
+    server.run()
+    if not server.started:
+        sys.exit(3)  # as uvicorn.run exits when the gateway cannot start (port taken)
+
+
+def _gateway_server(config: Any, on_signal: Callable[[], None]) -> Any:
+    """uvicorn's server, telling serve of a stop signal the moment it arrives."""
+    import uvicorn
+
+    class Gateway(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            on_signal()
+            super().handle_exit(sig, frame)
+
+    return Gateway(config)
 
 
 # ---------------------------------------------------------------- serve
@@ -74,6 +109,7 @@ class Supervisor:
         # (and the workers shut down) however it dies.
         self._lifelines: list[int | None] = [None] * len(commands)
         self._stop = threading.Event()
+        self._stopping_since = 0.0
         self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
 
     def _spawn(self, i: int) -> None:
@@ -110,20 +146,38 @@ class Supervisor:
                     backoff[i] = min(backoff[i] * 2, 30.0)
                     self._spawn(i)
 
-    def stop(self, timeout: float = 20.0) -> None:
+    def begin_stop(self) -> None:
+        """Tell every worker to stop, without waiting (from a signal handler: the gateway shuts
+        down meanwhile). Later calls do nothing."""
+        if self._stop.is_set():
+            return
+        self._stopping_since = time.monotonic()
         self._stop.set()
-        live = [p for p in self.procs if p is not None and p.poll() is None]
-        for p in live:
-            # Cold shutdown: Celery gives running tasks worker_soft_shutdown_timeout, then stops
-            # them; their messages go back to the queue (acks late), the job table keeps state.
-            _signal_group(p, signal.SIGQUIT)
-        deadline = time.monotonic() + timeout
-        for p in live:
+        for p in self.procs:
+            if p is not None and p.poll() is None:
+                # Cold shutdown: Celery gives running tasks worker_soft_shutdown_timeout, then
+                # stops them; their messages go back to the queue (acks late), the job table
+                # keeps state. The Celery parent only: its pool processes would exit on the
+                # signal at once, job and all, and be forked again.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGQUIT)
+
+    def stop(self, within: float) -> None:
+        """Stop the workers: gone `within` seconds after begin_stop (or now), their process
+        groups (pool children included) killed if they take longer."""
+        self.begin_stop()
+        deadline = self._stopping_since + within
+        for p in self.procs:
+            if p is None:
+                continue
             try:
-                p.wait(max(0.1, deadline - time.monotonic()))
+                p.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                _signal_group(p, signal.SIGKILL)
-                p.wait()
+                log.warning("worker %d still running %.1f s after it was told to stop; killing "
+                            "it (its job goes back to the queue)", p.pid, within)
+            # Killed whether or not the worker itself has exited: no pool child may outlive it.
+            _signal_group(p, signal.SIGKILL)
+            p.wait()
 
 
 def _signal_group(p: subprocess.Popen[bytes], sig: int) -> None:
@@ -153,26 +207,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from stitchsim_service.core.queue import JobQueue
 
         JobQueue(settings).ping()
+    # A running job gets a grace that fits serve's own stop (SERVE_STOP_S).
+    os.environ["STITCHSIM_SHUTDOWN_GRACE_S"] = str(min(settings.shutdown_grace_s,
+                                                       WORKER_GRACE_S))
     sup = Supervisor(commands)
 
     def _exit(signum: int, _frame: object) -> None:
-        # uvicorn re-raises the signal that stopped it once it has shut down; turning it into
-        # SystemExit lets the finally below stop the workers instead of orphaning them.
+        # Before and after the gateway runs (uvicorn re-raises the signal that stopped it once
+        # it has shut down): SystemExit lets the finally below stop the workers instead of
+        # orphaning them.
+        sup.begin_stop()
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, _exit)
+    signal.signal(signal.SIGINT, _exit)
     sup.start()
     try:
-        _run_gateway(settings.host, settings.port, args.loglevel)
+        # The workers are told to stop as the signal arrives, and stop beside the gateway.
+        _run_gateway(settings.host, settings.port, args.loglevel, SERVE_GATEWAY_GRACE_S,
+                     on_signal=sup.begin_stop)
     finally:
-        sup.stop()
+        # A margin under SERVE_STOP_S for this process's own exit on a loaded machine.
+        sup.stop(within=SERVE_STOP_S - 2.5)
     return 0
 
 
 def cmd_gateway(args: argparse.Namespace) -> int:
     _apply_env(args)
     settings = _settings()
-    _run_gateway(settings.host, settings.port, args.loglevel)
+    _run_gateway(settings.host, settings.port, args.loglevel, GATEWAY_GRACE_S)
     return 0
 
 

@@ -76,6 +76,21 @@ def die_with_parent() -> None:
         os._exit(1)
 
 
+def ignore_terminate_while_exiting() -> None:
+    """In a pool child that is exiting: ignore SIGTERM from here on.
+
+    billiard's exiting child writes its DEATH note to the pool's result pipe under a lock
+    shared with every pool process, with SIGTERM blocked in its main thread only; the parent,
+    on reading the note, sends SIGTERM to the child again. A child released for idleness
+    (the idle release terminates it with SIGTERM, whose handler then falls back to the default
+    action) that has other threads (torch's) gets that second SIGTERM on one of them and is
+    killed before it lets go of the lock: the next pool process then blocks forever on its
+    first write (the ACK of the job it took), and the job stays queued with the worker idle.
+    Ignored, the second signal is harmless; the child exits on its own a second later."""
+    with contextlib.suppress(ValueError, OSError):  # ValueError: not the main thread
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 # ---------------------------------------------------------------- node names
 
 

@@ -110,6 +110,8 @@ _ENTRIES = _GENERIC + (
     _c("cancelled", None, False, False, "the job was cancelled"),
     _c("attempts_exhausted", None, False, False, "the job's worker died on every attempt"),
     _c("worker_broken", None, False, True, "the worker cannot load its compute engine"),
+    _c("not_picked_up", None, False, True, "a worker took the job and never started it while "
+       "it ran nothing (a stuck worker); the job did not run"),
     _c("time_limit", None, False, False, "the job ran past the time limit"),
     _c("out_of_memory", None, False, False, "the worker or the GPU ran out of memory"),
     _c("engine_error", None, False, False, "the engine failed unexpectedly (a bug of ours)"),

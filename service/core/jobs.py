@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
 from stitchsim.failure import Failure
 from stitchsim.models import (
     TERMINAL_STATES,
@@ -422,7 +423,10 @@ def reap(ctx: Context, *, broker_empty: bool = False) -> list[tuple[str, int]]:
             q = q.with_for_update(skip_locked=True)  # several gateways reap in turn
         rows = list(s.scalars(q))
         now = utcnow()
+        _fail_not_picked_up(ctx, s, now)
         for row in rows:
+            if row.state == "failed":  # not picked up, just now
+                continue
             if row.cancel_requested:
                 _finish_row(row, "cancelled", now)
                 row.stage = "cancelled"
@@ -435,10 +439,47 @@ def reap(ctx: Context, *, broker_empty: bool = False) -> list[tuple[str, int]]:
                 continue
             log.warning("requeueing job %s (state %s, attempts %s)", row.id, row.state,
                         row.attempts)
+            if not (row.state == "queued" and row.stage == "requeued"):
+                # Sent again and again without being started: the pickup clock keeps running
+                # from the first time (_fail_not_picked_up).
+                row.enqueued_at = now
             row.state = "queued"
             row.stage = "requeued"
             row.delivered_at = None
-            row.enqueued_at = now
             row.heartbeat_at = None
             out.append((row.id, row.attempts))
     return out
+
+
+def _fail_not_picked_up(ctx: Context, s: Session, now: datetime) -> None:
+    """Fail, with the reason, queued jobs that a worker took and never started, which were
+    sent again and still not started within pickup_timeout_s while that worker is alive and
+    runs nothing. Such a worker holds the job's first delivery and takes no other: without
+    this the job would wait in silence for as long as the worker lives."""
+    from stitchsim_service.core.db import WorkerRow
+    from stitchsim_service.core.workers import seen_window_s
+
+    s_ = ctx.settings
+    waited = now - timedelta(seconds=s_.pickup_timeout_s)
+    candidates = list(s.scalars(select(JobRow).where(
+        JobRow.state == "queued", JobRow.stage == "requeued", JobRow.worker.is_not(None),
+        JobRow.enqueued_at < waited).limit(100)))
+    if not candidates:
+        return
+    seen = now - timedelta(seconds=seen_window_s(ctx))
+    alive = set(s.scalars(select(WorkerRow.name).where(WorkerRow.last_seen >= seen)))
+    busy = set(s.scalars(select(JobRow.worker).where(JobRow.state == "running")))
+    for row in candidates:
+        if row.worker not in alive or row.worker in busy:
+            continue  # a worker that died or works: the job waits its turn, as it should
+        seconds = (now - row.enqueued_at).total_seconds() if row.enqueued_at else 0.0
+        log.error("job %s: worker %s took it and has not started it %.0f s after it was sent "
+                  "again, while it runs nothing: the worker looks stuck (restart it); failing "
+                  "the job with not_picked_up", row.id, row.worker, seconds)
+        _fail_row(row, Failure(
+            "not_picked_up",
+            f"the job was not started: worker {row.worker} took it and had not started it "
+            f"{seconds:.0f} s after it was sent again, while that worker ran nothing (a stuck "
+            "worker; the service's log names it). Nothing of the job ran: submit it again; "
+            "if this repeats, the operator should restart the service's workers",
+            {"worker": row.worker, "waited_s": round(seconds)}), now)

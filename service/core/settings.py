@@ -118,6 +118,11 @@ class Settings(BaseSettings):
     heartbeat_s: float = Field(default=5.0, gt=0)
     stale_after_s: float = Field(default=60.0, gt=0)
     reap_interval_s: float = Field(default=15.0, gt=0)
+    pickup_timeout_s: float = Field(
+        default=300.0, gt=0, description="how long a job may wait to be started after the "
+        "reaper sent it again (a worker had taken it and not started it) while that worker is "
+        "alive and runs nothing; beyond, the job fails with not_picked_up instead of waiting "
+        "silently. Above a pool process's start (fork and torch import) on a loaded machine")
     max_active_jobs_per_key: int = Field(
         default=100, ge=1, description="jobs a key may have queued or running at once (429 "
         "beyond); `stitchsim-server keys limits` overrides it per key")

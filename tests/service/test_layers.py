@@ -240,7 +240,7 @@ def test_the_codes_the_engine_and_the_jobs_end_with_are_registered() -> None:
                  "job_too_large", "images_too_small"):
         assert codes.status_of(code) in (404, 422) and codes.CODES[code].user_fault, code
     for code in ("engine_error", "attempts_exhausted", "cancelled", "time_limit",
-                 "out_of_memory", "worker_broken"):
+                 "out_of_memory", "worker_broken", "not_picked_up"):
         entry = codes.CODES[code]
         assert entry.status is None and not entry.user_fault, code
     assert codes.CODES["near_chance"].status is None
