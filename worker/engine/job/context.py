@@ -86,7 +86,7 @@ class JobContext:
     ) -> JobContext:
         """The context before any work: open() computes what every later step reads."""
         refcache = ReferenceCache(resources.entry_store(), resources.cache_dir / "refcache-tmp",
-                                  salt(device, bf16_enabled(device)),
+                                  salt(device, bf16_enabled(device, spec.iri.precision == "bf16")),
                                   resources.reference_cache_max_entry_bytes)
         ctx = cls(spec, prep, device, tracker,
                   BankBuilder(resources.memory_budget_bytes, resources.cache_dir), refcache)
