@@ -17,6 +17,17 @@ FAST_IRI = {"method": "fast", "steps": 50, "extra_rounds": 0}  # half a fast rou
 FAST_IA = {**FAST, "max_train_samples": 200}
 # Cache and plumbing tests need IRIs, not good ones.
 TINY = {"epochs": 1, "max_train_samples": 64, "max_test_samples": 100}
+# The reference cache's tests: one point, both protocols, IRIs of 8 steps and no finishing
+# rounds (what is cached matters, not how good it is).
+REUSE_SPEC: dict[str, Any] = {
+    "dataset": "digits",
+    "layers": [{"front": "layer1", "back": "layer1"}],
+    "objectives": ["slm"],
+    "protocols": ["standard", "invariance_aware"],
+    "directions": "front_to_back",
+    "train": {"epochs": 1, "max_train_samples": 64, "max_test_samples": 64, "seed": 3},
+    "iri": {"steps": 8, "extra_rounds": 0},
+}
 
 
 def spec(front: Path, back: Path, **fields: Any) -> Spec:

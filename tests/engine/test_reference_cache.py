@@ -27,7 +27,8 @@ from stitchsim_worker.engine.refcache import (
 )
 from stitchsim_worker.engine.stitching.bank import BankBuilder
 
-from tests.service.conftest import assert_same_figures, figures
+from tests.engine.jobs import REUSE_SPEC
+from tests.service.conftest import assert_same_figures, unflagged_figures
 
 SALT = {"device": "cpu", "bf16": False, "torch": torch.__version__}
 
@@ -140,13 +141,7 @@ def _spec(front: Path, back: Path) -> Spec:
     return Spec.model_validate({
         "front": {"checkpoint": {"path": str(front)}},
         "back": {"checkpoint": {"path": str(back)}},
-        "dataset": "digits",
-        "layers": [{"front": "layer1", "back": "layer1"}],
-        "objectives": ["slm"],
-        "protocols": ["standard", "invariance_aware"],
-        "directions": "front_to_back",
-        "train": {"epochs": 1, "max_train_samples": 64, "max_test_samples": 64, "seed": 3},
-        "iri": {"steps": 8},
+        **REUSE_SPEC,
     })
 
 
@@ -168,14 +163,8 @@ def test_a_second_job_against_the_reference_computes_none_of_its_work(
     iri_rows = [r for r in warm.results if r.iri is not None]
     assert iri_rows and all(r.iri.cache_hit for r in iri_rows)
     # Every figure the cold run gives, to the bit; only the hit flag says where IRIs came from.
-    assert_same_figures(_unflagged(warm), _unflagged(cold), tol=0)
+    assert_same_figures(unflagged_figures(warm), unflagged_figures(cold), tol=0)
     manifest = next((shared / PREFIX / "iri").rglob("*.json"))
     assert json.loads(manifest.read_text())["meta"]["steps_used"] > 0
 
 
-def _unflagged(report: Any) -> dict[str, Any]:
-    got = figures(report)
-    for row in got["results"]:
-        if row.get("iri"):
-            row["iri"]["cache_hit"] = None
-    return got

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import struct
+import time
 from typing import Any
 
 import numpy as np
@@ -105,3 +106,15 @@ def service_state(svc: Any) -> tuple[list[str], int, int, int]:
     ownership."""
     return (svc.store_files(), svc.count_rows("jobs"), svc.count_rows("objects"),
             svc.count_rows("ownership"))
+
+
+def wait_for(what: str, check: Any, timeout: float = 120, svc: Any = None) -> Any:
+    """check()'s first truthy answer, polled; past the timeout, an error with the service's
+    log (svc: a ServiceHandle, or None)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not within {timeout} s\n{svc.logs() if svc else ''}")

@@ -27,6 +27,7 @@ import httpx
 
 from tests.fixtures_service import ServiceHandle, _children
 from tests.service.conftest import submit, tiny_spec, upload
+from tests.service.helpers import wait_for
 
 # The cheapest job: least squares (no training), one point, one protocol; it still imports
 # and runs torch in the pool process, which is what leaves threads there.
@@ -64,16 +65,6 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def wait_until(what: str, check: Any, timeout: float, svc: ServiceHandle) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.2)
-    raise AssertionError(f"{what} not within {timeout} s\n{svc.logs(12000)}")
-
-
 def state_of(svc: ServiceHandle, job: str) -> dict[str, Any]:
     with svc.client() as c:
         return dict(c.get(f"/jobs/{job}").json())
@@ -94,13 +85,13 @@ def test_jobs_after_an_idle_release_are_picked_up(service_factory: Any, untraine
             start = time.monotonic()
             # Picked up: a pool process claimed it (attempt 1). The hang left it queued for
             # good; a claim takes seconds plus a fork, even on two loaded cores.
-            wait_until("the job to be started", lambda job=job: state_of(svc, job)["attempts"],
+            wait_for("the job to be started", lambda job=job: state_of(svc, job)["attempts"],
                        timeout=150, svc=svc)
             taken.append(time.monotonic() - start)
             final = svc.wait_job(job, timeout=300)[-1]
             assert final["state"] == "succeeded" and final["attempts"] == 1, final
             # Idle for a second: the pool process is released (with SIGTERM) before the next.
-            wait_until("the idle pool process to exit", lambda: not pool_children(svc),
+            wait_for("the idle pool process to exit", lambda: not pool_children(svc),
                        timeout=60, svc=svc)
     print("seconds from submission to start:", [round(t, 1) for t in taken])
     assert "requeueing job" not in svc.logs(10**7)
@@ -115,7 +106,7 @@ def test_a_job_a_stuck_worker_took_fails_with_the_reason(service_factory: Any,
     with svc.client() as c:
         models = ({"checkpoint": upload(c, untrained.front)},
                   {"checkpoint": upload(c, untrained.back)})
-    [child] = wait_until("the kept pool process", lambda: pool_children(svc), 60, svc)
+    [child] = wait_for("the kept pool process", lambda: pool_children(svc), 60, svc)
     os.kill(child, signal.SIGSTOP)
     try:
         job = submit(svc, tiny_spec(*models, **CHEAP))

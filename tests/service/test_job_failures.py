@@ -29,6 +29,7 @@ from stitchsim.errors import JobFailed
 
 from tests.fixtures_service import ServiceFactory, ServiceHandle
 from tests.service.conftest import submit, tiny_spec, upload
+from tests.service.helpers import wait_for
 
 # The cheapest job there is: least squares (no training), one point, one protocol.
 CHEAP = {"objectives": ["dm"], "protocols": ["standard"],
@@ -76,17 +77,6 @@ def live_children(pid: int) -> list[int]:
 
 def maps_torch(pid: int) -> bool:
     return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
-
-
-def wait_for(what: str, check: Any, timeout: float = 120, svc: ServiceHandle | None = None
-             ) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not within {timeout} s\n{svc.logs() if svc else ''}")
 
 
 def failed_with(svc: ServiceHandle, job_id: str, code: str) -> dict[str, Any]:

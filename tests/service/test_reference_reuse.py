@@ -11,27 +11,19 @@ from stitchsim.models import Spec
 from stitchsim_worker.engine import Resources, run_job
 from stitchsim_worker.engine.refcache import PREFIX
 
-from tests.service.conftest import assert_same_figures, figures, job_report, submit, upload
+from tests.engine.jobs import REUSE_SPEC
+from tests.service.conftest import (
+    assert_same_figures,
+    job_report,
+    submit,
+    unflagged_figures,
+    upload,
+)
 
-SPEC: dict[str, Any] = {
-    "dataset": "digits",
-    "layers": [{"front": "layer1", "back": "layer1"}],
-    "objectives": ["slm"],
-    "protocols": ["standard", "invariance_aware"],
-    "directions": "front_to_back",
-    "train": {"epochs": 1, "max_train_samples": 64, "max_test_samples": 64, "seed": 3},
-    "iri": {"steps": 8},
-}
+SPEC = REUSE_SPEC
 REFERENCE_ENTRIES = 5  # R's test logits, its train and test tensors, its IRIs, its tensors on them
 
 
-def _unflagged(report: Any) -> dict[str, Any]:
-    """The figures, without the flag that says where the IRIs came from."""
-    got = figures(report)
-    for row in got["results"]:
-        if row.get("iri"):
-            row["iri"]["cache_hit"] = None
-    return got
 
 
 def _check(svc: Any, front: str, back: str) -> dict[str, Any]:
@@ -74,7 +66,7 @@ def test_a_second_check_on_another_worker_reuses_the_reference_from_the_store(
          "back": {"checkpoint": {"path": str(untrained.back)}}}),
         resources=Resources(cache_dir=tmp_path / "cold"))
     assert cold.environment["reference_cache"]["hits"] == 0
-    assert_same_figures(_unflagged(second), _unflagged(cold), tol=0)
+    assert_same_figures(unflagged_figures(second), unflagged_figures(cold), tol=0)
 
 
 def test_a_remote_store_shares_entries_and_rejects_a_corrupt_blob(tmp_path: Path) -> None:
