@@ -113,8 +113,8 @@ def check_slot_held(ctx: Context, slot: str | None) -> Iterator[None]:
 
 
 def _celery_interrupts() -> None:
-    """Tell the engine that Celery's soft time limit stops a check from outside: a build it
-    interrupts is not the config's fault (models.guard)."""
+    """Tell the engine that Celery's soft time limit stops a check or a job from outside: a
+    build it interrupts is not the config's fault (models.guard)."""
     from stitchsim_worker.engine.models import guard
 
     if SoftTimeLimitExceeded not in guard.INTERRUPTS:
@@ -325,6 +325,7 @@ def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> jobs.Outc
         log.exception("the engine cannot be imported")
         return jobs.Outcome.failed(Failure(
             "worker_broken", f"the worker cannot load its compute engine: {exc}"))
+    _celery_interrupts()  # a job's build that runs out of time is not the config's fault
     try:
         spec = Spec.model_validate_json(claim.spec_json)
         if tracker.should_cancel():

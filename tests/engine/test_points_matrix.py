@@ -20,6 +20,7 @@ themselves are what is checked here; test_invariance.py checks IRIs between two 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -317,9 +318,17 @@ def test_iris_are_other_images_with_the_same_features(zoo: Zoo, name: str, point
 
 
 def _cached_iris(root: Path) -> list[Any]:
-    import numpy as np
+    """Every IRI set the job cache holds: the reference cache's iri manifests, each naming the
+    blob of its arrays (worker/engine/refcache.py)."""
+    import safetensors.numpy
+    from stitchsim_worker.engine.refcache import BLOBS, PREFIX
 
-    return [np.load(meta.parent / "images.npy") for meta in sorted(root.rglob("meta.json"))]
+    sets = []
+    for manifest in sorted((root / PREFIX / "iri").rglob("*.json")):
+        digest = json.loads(manifest.read_text())["blob"]
+        blob = root / BLOBS / digest[:2] / f"{digest}.safetensors"
+        sets.append(safetensors.numpy.load_file(str(blob))["images"])
+    return sets
 
 
 @pytest.mark.parametrize(("name", "point"), CASES)
