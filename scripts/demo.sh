@@ -3,12 +3,13 @@
 # server), and run two checks through the client, as CI would; each probes one published
 # finding (the README gives the figures):
 #   1. two seeds of one model: close under both protocols at shallow stitch points, parting
-#      with depth under the invariance-aware one (exit 0: similar at threshold 0.82);
+#      with depth under the invariance-aware one (under the default IRI method of 2026-12-06
+#      they part far enough to fall below the threshold 0.82: exit 1; the README's figures);
 #   2. a model that learnt a pixel shortcut: similar to the reference under the standard
 #      protocol, exposed by the invariance-aware one (exit 1).
 # The report pages are written to files (--html), so they stay readable after the service
-# stops. Six to ten minutes on two cores from a clean clone, install included (models and IRIs
-# are cached in $demo).
+# stops. About half an hour on two busy cores from a clean clone, install included (models and
+# IRIs are cached in $demo).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
