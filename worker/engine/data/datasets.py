@@ -8,7 +8,6 @@ the file's size.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from stitchsim.files.header import read_header
 from stitchsim.models import BUILTIN_DATASETS, LocalPath, TrainSettings
 from stitchsim_worker.engine.data.pixels import Pixels
 from stitchsim_worker.engine.data.shapes import make_shapes
+from stitchsim_worker.engine.refcache import file_sha256
 from stitchsim_worker.engine.resources import Resources
 
 DIGITS_SIZE = 32
@@ -233,14 +233,6 @@ def load_file(path: Path, dataset_id: str) -> Dataset:
         labelled=info.labelled,
         file=info,
     )
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def load_dataset(ref: str | LocalPath, resources: Resources, train: TrainSettings) -> Dataset:
