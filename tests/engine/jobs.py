@@ -66,7 +66,7 @@ IRI_CODE = sorted(
                    "worker/engine/stitching", "worker/engine/job")
     for f in (REPO / folder).rglob("*.py")
 ) + ["client/stitchsim/models/spec.py", "client/stitchsim/datasets.py",
-     "worker/engine/refcache.py"]
+     "worker/engine/core/refcache.py"]
 
 
 def shared_cache() -> Path:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from stitchsim import catalogue
 from stitchsim.models import AdversarialSettings
 from stitchsim_worker.engine.data.datasets import builtin
-from stitchsim_worker.engine.protocols.attacks import (
+from stitchsim_worker.engine.models.attacks import (
     ATTACKS,
     apgd,
     apgd_paper,

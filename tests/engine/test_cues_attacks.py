@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from stitchsim.models import AdversarialSettings
 from stitchsim_worker.engine.data.shapes import CLASSES, make_shapes
-from stitchsim_worker.engine.protocols.attacks import pgd
+from stitchsim_worker.engine.models.attacks import pgd
 from stitchsim_worker.engine.protocols.cues import CUES, class_places, palette
 
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 from stitchsim.failure import Failure
 from stitchsim.models import MeasureSettings
+from stitchsim_worker.engine.core.bank import BankBuilder
 from stitchsim_worker.engine.measures.knn import knn_overlap
 from stitchsim_worker.engine.measures.similarity import (
     MEASURES as REGISTRY,
@@ -20,7 +21,6 @@ from stitchsim_worker.engine.measures.similarity import (
     measure,
     prepare,
 )
-from stitchsim_worker.engine.stitching.bank import BankBuilder
 
 SETTINGS = MeasureSettings()
 CPU = torch.device("cpu")

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import pytest
 import torch
 from stitchsim.models import TrainSettings
+from stitchsim_worker.engine.core.bank import Bank
 from stitchsim_worker.engine.measures.metrics import evaluate, relative_distance
 from stitchsim_worker.engine.models.cutting import BackPart
+from stitchsim_worker.engine.models.rep import rep_of
 from stitchsim_worker.engine.stitching.activations import Split
-from stitchsim_worker.engine.stitching.bank import Bank
-from stitchsim_worker.engine.stitching.layer import StitchLayer, rep_of
+from stitchsim_worker.engine.stitching.layer import StitchLayer
 from stitchsim_worker.engine.stitching.objectives import (
     OBJECTIVES,
     hard_label_loss,

@@ -11,16 +11,15 @@ import pytest
 from stitchsim import catalogue
 from stitchsim.table import format_table
 from stitchsim_service.gateway.pages import render_report_page
-from stitchsim_worker.engine.iri.methods import IRI_METHODS
+from stitchsim_worker.engine.core.registry import Registry
 from stitchsim_worker.engine.measures.metrics import FIGURES
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
 from stitchsim_worker.engine.measures.similarity import MEASURES
+from stitchsim_worker.engine.models.attacks import ATTACKS
 from stitchsim_worker.engine.models.sources import SOURCES
 from stitchsim_worker.engine.protocols import PROTOCOLS
-from stitchsim_worker.engine.protocols.attacks import ATTACKS
 from stitchsim_worker.engine.protocols.controls import CONTROLS
 from stitchsim_worker.engine.protocols.cues import CUES
-from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.stitching.objectives import (
     OBJECTIVES,
     ObjectiveEntry,
@@ -38,16 +37,17 @@ ENGINE: dict[str, Registry] = {  # type: ignore[type-arg]
     catalogue.MEASURES.kind: MEASURES,
     catalogue.ROW_FIGURES.kind: FIGURES,
     catalogue.OUTPUT_KINDS.kind: OUTPUTS,
-    catalogue.IRI_METHODS.kind: IRI_METHODS,
     catalogue.MODEL_SOURCES.kind: SOURCES,
 }
 WITHOUT_ENGINE_REGISTRY = {
-    catalogue.MEASURE_INPUTS.kind: "real inputs and IRIs are the two inputs measures.in_job "
+    catalogue.MEASURE_INPUTS.kind: "real inputs and IRIs are the two inputs job.measuring "
                                    "feeds every measure; nothing to register",
     catalogue.DATASET_FORMATS.kind: "safetensors is the one format data.datasets reads "
                                     "(issue 29 brings the readers' registry)",
     catalogue.CAVEATS.kind: "caveats are read off a report's own figures by "
                             "stitchsim.caveats (the engine records what it finds)",
+    catalogue.IRI_METHODS.kind: "a method is a preset of the IRI settings, filled in by the "
+                                "spec's validator; one generator (iri.synthesis) runs them all",
     catalogue.BUDGETS.kind: "a budget is a preset of spec fields, expanded by the spec's own "
                             "validator (and `layers: auto` thinned by engine.job.prepare)",
 }

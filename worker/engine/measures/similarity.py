@@ -29,9 +29,9 @@ from stitchsim.models import (
     Measure,
     MeasureSettings,
 )
+from stitchsim_worker.engine.core.bank import Bank
+from stitchsim_worker.engine.core.registry import Registry
 from stitchsim_worker.engine.measures.metrics import BOOTSTRAP_RESAMPLES
-from stitchsim_worker.engine.registry import Registry
-from stitchsim_worker.engine.stitching.bank import Bank
 
 _QUANTILES = (0.025, 0.975)
 

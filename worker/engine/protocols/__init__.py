@@ -1,4 +1,5 @@
-"""The protocols, the controls and the attacks they use: what the stitch is trained on.
+"""The protocols and the controls: what the stitch is trained on, and fitting it per protocol
+(fitting.py). The attacks they use are the models' (models/attacks.py).
 
 Each protocol module registers its entry on import; importing this package registers them all.
 """

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from stitchsim_worker.engine.job.context import Cut, JobContext
+from stitchsim_worker.engine.core.context import Cut, JobContext
+from stitchsim_worker.engine.models.attacks import pgd
 from stitchsim_worker.engine.models.cutting import BackPart
-from stitchsim_worker.engine.protocols.attacks import pgd
 from stitchsim_worker.engine.protocols.entry import (
     ProtocolEntry,
     register_protocol,

@@ -1,6 +1,6 @@
 """The controls (DESIGN §1), one registered entry each: reference runs that say how to read a
 comparison's figures (a ceiling, a floor, a shortcut probe). Each runs per direction as steps
-of the job (step.py: one per stitch pair, or per cue and pair), each with its work units, and
+of the job (core/step.py: one per stitch pair, or per cue and pair), each with its work units, and
 returns rows shaped like the comparison's, with a `control` key. What a control is called and
 how it is drawn are its catalogue entry's (stitchsim.catalogue.CONTROLS). Adding one is its
 catalogue entry plus one `register_control` call here, under the same name.
@@ -14,29 +14,21 @@ from dataclasses import dataclass, field
 import torch
 from stitchsim import catalogue
 from stitchsim.models import Control, Direction, ResultRow, Spec
-from stitchsim_worker.engine.data.datasets import clustered_noise
-from stitchsim_worker.engine.job.context import (
+from stitchsim_worker.engine.core.context import (
     EVAL_BATCH,
     Cut,
     JobContext,
     cut_label,
     self_point,
 )
-from stitchsim_worker.engine.job.costs import Sizes, passes
-from stitchsim_worker.engine.job.progress import Units
-from stitchsim_worker.engine.job.step import JobRun, Pair, Step
+from stitchsim_worker.engine.core.costs import Sizes, passes
+from stitchsim_worker.engine.core.progress import Units
+from stitchsim_worker.engine.core.registry import Registry
+from stitchsim_worker.engine.core.step import JobRun, Pair, Step
+from stitchsim_worker.engine.data.datasets import clustered_noise
 from stitchsim_worker.engine.measures.pseudo import pseudo_classes
 from stitchsim_worker.engine.protocols.cues import CUES
-from stitchsim_worker.engine.registry import Registry
-from stitchsim_worker.engine.stitching.activations import (
-    InputSet,
-    images_split,
-    test_split,
-    test_split_units,
-    train_split,
-    with_inputs as split_with_inputs,
-)
-from stitchsim_worker.engine.stitching.fitting import (
+from stitchsim_worker.engine.protocols.fitting import (
     alignment_points,
     fit,
     fit_units,
@@ -44,6 +36,14 @@ from stitchsim_worker.engine.stitching.fitting import (
     protocol_rows,
     protocol_rows_units,
     training_inputs,
+)
+from stitchsim_worker.engine.stitching.activations import (
+    InputSet,
+    images_split,
+    test_split,
+    test_split_units,
+    train_split,
+    with_inputs as split_with_inputs,
 )
 
 StepsFn = Callable[[Spec, Sizes, Direction, Sequence[Pair]], list[Step]]

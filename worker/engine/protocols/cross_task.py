@@ -6,14 +6,14 @@ import torch
 from stitchsim.catalogue import OUTPUT_KINDS
 from stitchsim.failure import Failure
 from stitchsim.models import IRIStats
-from stitchsim_worker.engine.job.context import Cut, JobContext
+from stitchsim_worker.engine.core.bank import Bank
+from stitchsim_worker.engine.core.context import Cut, JobContext
 from stitchsim_worker.engine.protocols.entry import (
     ProtocolEntry,
     register_protocol,
 )
 from stitchsim_worker.engine.protocols.standard import extraction_units
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
-from stitchsim_worker.engine.stitching.bank import Bank
 
 _ELSEWHERE = -30.0  # a logit whose softmax is ~1e-13: one-hot "predictions" of paired labels
 

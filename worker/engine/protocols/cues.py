@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
-from stitchsim_worker.engine.registry import Registry
+from stitchsim_worker.engine.core.registry import Registry
 
 # Marks `images` for `classes` (the label, or the label rolled by one class).
 MarkFn = Callable[[torch.Tensor, torch.Tensor, int, int, torch.Generator], torch.Tensor]

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 from stitchsim.models import IRIStats, Protocol, Spec
-from stitchsim_worker.engine.job.context import Cut, JobContext
-from stitchsim_worker.engine.job.progress import Units
+from stitchsim_worker.engine.core.context import Cut, JobContext
+from stitchsim_worker.engine.core.progress import Units
+from stitchsim_worker.engine.core.registry import Registry
 from stitchsim_worker.engine.models.cutting import BackPart
-from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
 from stitchsim_worker.engine.stitching.layer import StitchLayer
 from stitchsim_worker.engine.stitching.train import Augment

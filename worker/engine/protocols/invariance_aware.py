@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from stitchsim.models import IRISettings, IRIStats, Spec
+from stitchsim_worker.engine.core.context import Cut, JobContext
+from stitchsim_worker.engine.core.progress import Units
 from stitchsim_worker.engine.iri import synthesis as iri
-from stitchsim_worker.engine.job.context import Cut, JobContext
-from stitchsim_worker.engine.job.progress import Units
 from stitchsim_worker.engine.protocols.entry import (
     ProtocolEntry,
     register_protocol,

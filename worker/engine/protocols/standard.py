@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 from stitchsim.models import IRIStats, Spec
-from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
-from stitchsim_worker.engine.job.progress import Units
+from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.core.progress import Units
 from stitchsim_worker.engine.protocols.entry import (
     ProtocolEntry,
     register_protocol,

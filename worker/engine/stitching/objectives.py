@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from stitchsim.models import Objective, TrainSettings
+from stitchsim_worker.engine.core.registry import Registry
 from stitchsim_worker.engine.measures.metrics import relative_distance
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
-from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.stitching.train import (
     FitTask,
     LossFn,

@@ -19,7 +19,7 @@ from typing import Any
 from stitchsim import catalogue
 from stitchsim.failure import Failure
 from stitchsim.files.model_config import ConfigPreprocess, ModelConfig
-from stitchsim_worker.engine.registry import Registry
+from stitchsim_worker.engine.core.registry import Registry
 from torch import nn
 
 Triple = tuple[float, float, float]

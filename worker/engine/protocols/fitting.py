@@ -11,17 +11,17 @@ import numpy as np
 import torch
 from stitchsim import catalogue
 from stitchsim.models import Control, Objective, Protocol, ResultRow, RobustStats, Spec
-from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
-from stitchsim_worker.engine.job.costs import Sizes, passes
-from stitchsim_worker.engine.job.progress import Units
-from stitchsim_worker.engine.measures.grids import image_grid
+from stitchsim_worker.engine.core.bank import batches
+from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.core.costs import Sizes, passes
+from stitchsim_worker.engine.core.progress import Units
 from stitchsim_worker.engine.measures.metrics import evaluate, seed_interval
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
+from stitchsim_worker.engine.models.attacks import ATTACKS, attack_passes
 from stitchsim_worker.engine.models.cutting import BackPart
 from stitchsim_worker.engine.protocols import PROTOCOLS, stitched
-from stitchsim_worker.engine.protocols.attacks import ATTACKS, attack_passes
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
-from stitchsim_worker.engine.stitching.bank import batches
+from stitchsim_worker.engine.stitching.grids import image_grid
 from stitchsim_worker.engine.stitching.layer import StitchLayer
 from stitchsim_worker.engine.stitching.objectives import OBJECTIVES
 from stitchsim_worker.engine.stitching.train import Augment, FitTask, stitched_logits

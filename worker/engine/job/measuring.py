@@ -17,10 +17,11 @@ from stitchsim.models import (
     Protocol,
     Spec,
 )
+from stitchsim_worker.engine.core.bank import Bank
+from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.core.costs import Sizes, passes
+from stitchsim_worker.engine.core.progress import Units
 from stitchsim_worker.engine.data.datasets import clustered_noise
-from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
-from stitchsim_worker.engine.job.costs import Sizes, passes
-from stitchsim_worker.engine.job.progress import Units
 from stitchsim_worker.engine.measures.similarity import (
     MEASURES,
     Batching,
@@ -33,7 +34,6 @@ from stitchsim_worker.engine.measures.similarity import (
 from stitchsim_worker.engine.protocols import PROTOCOLS
 from stitchsim_worker.engine.protocols.invariance_aware import iri_units
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
-from stitchsim_worker.engine.stitching.bank import Bank
 
 _NOISE_CENTRES_SEED_OFFSET = 7  # the clustered-noise control's centres (controls.py)
 _NOISE_SEED = 13

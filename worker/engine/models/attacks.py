@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from stitchsim.models import AdversarialSettings
-from stitchsim_worker.engine.registry import Registry
+from stitchsim_worker.engine.core.registry import Registry
 
 Model = Callable[[torch.Tensor], torch.Tensor]
 """Pixels in [0,1] -> logits."""
