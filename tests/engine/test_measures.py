@@ -14,7 +14,7 @@ from stitchsim.models import MeasureSettings
 from stitchsim_worker.engine.core.bank import BankBuilder
 from stitchsim_worker.engine.measures.knn import knn_overlap
 from stitchsim_worker.engine.measures.similarity import (
-    MEASURES as REGISTRY,
+    MEASURE_IMPLS as REGISTRY,
     Estimate,
     batching,
     estimate,

@@ -26,3 +26,13 @@ class Registry(dict[str, E]):
             raise ValueError(f"{self.kind} {entry.name!r} is registered twice")
         self[entry.name] = entry
         return entry
+
+
+def check_flag(kind: str, name: str, flag: str, stated: bool, does: bool, behaviour: str
+               ) -> None:
+    """A catalogue flag of an entry held against what its engine implementation does (the
+    flag is what the client, the check and the report read; the implementation is what runs):
+    where they disagree, one of them is a bug of ours, found at import."""
+    if stated != does:
+        raise ValueError(f"{kind} {name!r}: its catalogue entry says {flag}={stated}, but for "
+                         f"its implementation '{behaviour}' is {does}")

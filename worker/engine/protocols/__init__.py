@@ -9,11 +9,11 @@ Each protocol module registers its entry on import; importing this package regis
 from stitchsim_worker.engine.protocols import standard, invariance_aware, adversarial, cross_task
 # isort: on
 from stitchsim_worker.engine.protocols.entry import (
-    PROTOCOLS,
-    ProtocolEntry,
+    PROTOCOL_IMPLS,
+    ProtocolImpl,
     register_protocol,
     stitched,
 )
 
-__all__ = ["PROTOCOLS", "ProtocolEntry", "register_protocol", "stitched", "adversarial",
+__all__ = ["PROTOCOL_IMPLS", "ProtocolImpl", "register_protocol", "stitched", "adversarial",
            "cross_task", "invariance_aware", "standard"]

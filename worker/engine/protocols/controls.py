@@ -27,7 +27,7 @@ from stitchsim_worker.engine.core.registry import Registry
 from stitchsim_worker.engine.core.step import JobRun, Pair, Step
 from stitchsim_worker.engine.data.datasets import clustered_noise
 from stitchsim_worker.engine.measures.pseudo import pseudo_classes
-from stitchsim_worker.engine.protocols.cues import CUES
+from stitchsim_worker.engine.protocols.cues import CUE_IMPLS
 from stitchsim_worker.engine.protocols.fitting import (
     alignment_points,
     fit,
@@ -51,15 +51,15 @@ CutRows = Callable[[JobContext, Cut], list[ResultRow]]
 
 
 @dataclass(frozen=True)
-class ControlEntry:
+class ControlImpl:
     name: Control
     steps: StepsFn
     """(spec, sizes, direction, stitch pairs) -> its steps in that direction, each with its
     work units and how it runs (the job's step list, plan.py)."""
 
 
-CONTROLS: Registry[ControlEntry] = Registry("control")
-register_control = CONTROLS.register
+CONTROL_IMPLS: Registry[ControlImpl] = Registry("control")
+register_control = CONTROL_IMPLS.register
 
 
 def controls_to_run(spec: Spec) -> list[str]:
@@ -70,7 +70,7 @@ def controls_to_run(spec: Spec) -> list[str]:
 
 
 def self_cut_control(name: Control, rows: CutRows, units: Callable[[Spec, Sizes], Units]
-                     ) -> ControlEntry:
+                     ) -> ControlImpl:
     """A control run as one step per stitch pair, on the back model stitched into itself at
     the pair's back point (ctx.self_cut)."""
 
@@ -80,7 +80,7 @@ def self_cut_control(name: Control, rows: CutRows, units: Callable[[Spec, Sizes]
         return [Step(f"control {name} {' '.join(self_point(direction, pair))}", per_cut,
                      _collect(rows, direction, pair)) for pair in pairs]
 
-    return ControlEntry(name=name, steps=steps)
+    return ControlImpl(name=name, steps=steps)
 
 
 def _collect(rows: CutRows, direction: Direction, pair: Pair) -> Callable[[JobRun], None]:
@@ -94,7 +94,6 @@ def _collect(rows: CutRows, direction: Direction, pair: Pair) -> Callable[[JobRu
 
 _NOISE_CENTRES_SEED_OFFSET = 7
 _NOISE_TRAIN_SEED, _NOISE_TEST_SEED = 11, 12
-_BASELINE = catalogue.PROTOCOLS.one(baseline=True)
 """The floor's stitch is trained on the noise as the baseline protocol trains on images."""
 
 
@@ -120,8 +119,8 @@ def _clustered_noise(ctx: JobContext, cut: Cut) -> list[ResultRow]:
         for objective in spec.objectives:
             result = fit(ctx, cut, objective, train, [test])
             result.stitch = "clustered noise -> " + result.stitch
-            rows.append(make_row(ctx, cut, objective, _BASELINE, result.on(0), test,
-                                 result, control="clustered_noise", sigma=sigma))
+            rows.append(make_row(ctx, cut, objective, catalogue.BASELINE_PROTOCOL, result.on(0),
+                                 test, result, control="clustered_noise", sigma=sigma))
     return rows
 
 
@@ -205,7 +204,7 @@ def _classes_to_mark(ctx: JobContext, direction: Direction) -> Classes:
 def _mark(ctx: JobContext, name: str, classes: Classes) -> _Marked:
     data, side = ctx.prep.data, ctx.spec.control_settings.shortcut_marker
     train_y, test_y, k, pseudo = classes
-    cue = CUES[name]
+    cue = CUE_IMPLS[name]
     seed = ctx.spec.train.seed + _CUE_SEED_OFFSET
     g = torch.Generator().manual_seed(seed)
     train_x = cue.mark(data.train.images, train_y, k, side, g)
@@ -260,4 +259,4 @@ def _shortcut_units(spec: Spec, sizes: Sizes) -> Units:
     return marked + protocol_rows_units(spec, sizes, [sizes.test] * 2, control=True)
 
 
-register_control(ControlEntry(name="shortcut", steps=_shortcut_steps))
+register_control(ControlImpl(name="shortcut", steps=_shortcut_steps))

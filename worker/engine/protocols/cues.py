@@ -30,8 +30,8 @@ class Cue:
     """(images, classes, n_classes, marker side, generator) -> marked copy of images."""
 
 
-CUES: Registry[Cue] = Registry("cue")
-register_cue = CUES.register
+CUE_IMPLS: Registry[Cue] = Registry("cue")
+register_cue = CUE_IMPLS.register
 
 
 @lru_cache(maxsize=8)

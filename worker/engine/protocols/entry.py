@@ -15,10 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from stitchsim import catalogue
 from stitchsim.models import IRIStats, Protocol, Spec
 from stitchsim_worker.engine.core.context import Cut, JobContext
 from stitchsim_worker.engine.core.progress import Units
-from stitchsim_worker.engine.core.registry import Registry
+from stitchsim_worker.engine.core.registry import Registry, check_flag
 from stitchsim_worker.engine.models.cutting import BackPart
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
 from stitchsim_worker.engine.stitching.layer import StitchLayer
@@ -28,7 +29,7 @@ TrainSplitFn = Callable[[JobContext, Cut, InputSet, list[str]], tuple[Split, IRI
 
 
 @dataclass(frozen=True)
-class ProtocolEntry:
+class ProtocolImpl:
     name: Protocol
     train_split: TrainSplitFn
     """(ctx, cut, training inputs, back alignment points) -> split to fit T on, and stats."""
@@ -41,8 +42,19 @@ class ProtocolEntry:
     """Its own test split, when it is not the comparison's (cross-task pairing)."""
 
 
-PROTOCOLS: Registry[ProtocolEntry] = Registry("protocol")
-register_protocol = PROTOCOLS.register
+PROTOCOL_IMPLS: Registry[ProtocolImpl] = Registry("protocol")
+
+
+def register_protocol(impl: ProtocolImpl) -> ProtocolImpl:
+    """Registers a protocol's implementation under its catalogue name, once its catalogue
+    flags say what it does: it attacks while training exactly when it has an augment, and runs
+    in the controls exactly when it tests on the comparison's test split."""
+    flags = catalogue.PROTOCOLS[impl.name]
+    check_flag("protocol", impl.name, "attacks", flags.attacks, impl.augment is not None,
+               "has an augment")
+    check_flag("protocol", impl.name, "in_controls", flags.in_controls, impl.test_split is None,
+               "tests on the comparison's test split")
+    return PROTOCOL_IMPLS.register(impl)
 
 
 
