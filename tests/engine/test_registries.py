@@ -139,3 +139,15 @@ def test_the_roles_are_checked_against_their_protocols_flags(
     monkeypatch.setattr(catalogue, "BASELINE_PROTOCOL", "invariance_aware")
     with pytest.raises(ValueError, match="must be plain"):
         catalogue._check_roles()
+
+
+def test_a_registry_takes_the_catalogues_order_whatever_the_order_of_registration() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Named:
+        name: str
+
+    registry: Registry[Named] = Registry("example")
+    for name in ("c", "z", "a"):  # as modules found in a folder might register them
+        registry.register(Named(name))
+    registry.order_by(["a", "b", "c"])
+    assert list(registry) == ["a", "c", "z"]  # one the catalogue lacks keeps its place, after

@@ -3,6 +3,9 @@ controls and cues of the engine are each one registry of these."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+from collections.abc import Iterable, Sequence
 from typing import Protocol, TypeVar
 
 
@@ -26,6 +29,23 @@ class Registry(dict[str, E]):
             raise ValueError(f"{self.kind} {entry.name!r} is registered twice")
         self[entry.name] = entry
         return entry
+
+    def order_by(self, names: Iterable[str]) -> None:
+        """Puts the entries in this order (the catalogue's); any others keep theirs, after."""
+        entries = dict(self)
+        self.clear()
+        for name in [n for n in names if n in entries] + list(entries):
+            if name not in self:
+                self[name] = entries[name]
+
+
+def register_package(package: str, path: Sequence[str], registry: Registry[E],
+                     order: Iterable[str]) -> None:
+    """Imports every module of a package, each registering its entries on import (found, not
+    listed: a new module is one file), then orders the registry as the catalogue does."""
+    for module in pkgutil.iter_modules(path):
+        importlib.import_module(f"{package}.{module.name}")
+    registry.order_by(order)
 
 
 def check_flag(kind: str, name: str, flag: str, stated: bool, does: bool, behaviour: str

@@ -6,7 +6,8 @@ plan. Every protocol is evaluated on the normal test split unless it brings its 
 protocol is called, its rank for the verdict and its flags (uses IRIs, runs in the controls,
 needs the front model's dataset ...) are its catalogue entry's (stitchsim.catalogue.PROTOCOLS).
 Adding a protocol is its catalogue entry plus one `register_protocol` call, in a module of
-this package imported by its __init__, under the same name.
+this package (the package finds its modules; the order is the catalogue's), under the same
+name; registering checks the catalogue's flags against what the implementation does.
 """
 
 from __future__ import annotations
