@@ -23,7 +23,8 @@ from stitchsim_worker.engine import Resources, run_job
 from stitchsim_worker.engine.data.datasets import builtin
 from stitchsim_worker.engine.measures.metrics import evaluate, relative_distance
 from stitchsim_worker.engine.models.loading import build_model, save_checkpoint
-from stitchsim_worker.engine.stitching.layer import LeastSquares, StitchLayer, rep_of
+from stitchsim_worker.engine.models.rep import rep_of
+from stitchsim_worker.engine.stitching.layer import LeastSquares, StitchLayer
 from stitchsim_worker.engine.stitching.objectives import (
     hard_label_loss,
     latent_alignment_loss,

@@ -27,13 +27,13 @@ from typing import Any
 import numpy as np
 import torch
 from stitchsim.models import IRISettings, ModelRef
+from stitchsim_worker.engine.core.bank import BankBuilder
+from stitchsim_worker.engine.core.device import pick_device
 from stitchsim_worker.engine.data.datasets import builtin
-from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.iri.synthesis import synthesize
 from stitchsim_worker.engine.models.loading import build_model
 from stitchsim_worker.engine.models.network import Network
 from stitchsim_worker.engine.models.zoo import make_checkpoint
-from stitchsim_worker.engine.stitching.bank import BankBuilder
 
 # Today's method (before the cosine defaults): DESIGN's 200 signed steps of 1/255 (the sign of
 # each step's own gradient), every sample stepped to the end, the last iterate kept, the

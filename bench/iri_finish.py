@@ -21,12 +21,12 @@ from pathlib import Path
 
 import torch
 from stitchsim.models import IRISettings, ModelRef
+from stitchsim_worker.engine.core.bank import BankBuilder
 from stitchsim_worker.engine.data.datasets import builtin
 from stitchsim_worker.engine.iri import synthesis
 from stitchsim_worker.engine.iri.synthesis import EXTRA_ROUNDS_AIM
 from stitchsim_worker.engine.models.loading import build_model
 from stitchsim_worker.engine.models.network import Network
-from stitchsim_worker.engine.stitching.bank import BankBuilder
 
 CPU = torch.device("cpu")
 

@@ -17,14 +17,14 @@ from pathlib import Path
 import timm
 import torch
 from stitchsim.models import IRISettings, ModelRef
+from stitchsim_worker.engine.core.bank import BankBuilder
+from stitchsim_worker.engine.core.device import pick_device
 from stitchsim_worker.engine.data.datasets import builtin
-from stitchsim_worker.engine.device import pick_device
 from stitchsim_worker.engine.iri.kernels import Kernels
 from stitchsim_worker.engine.iri.synthesis import synthesize
 from stitchsim_worker.engine.measures.metrics import per_sample_distance
 from stitchsim_worker.engine.models.loading import build_model, save_checkpoint
 from stitchsim_worker.engine.models.network import Network
-from stitchsim_worker.engine.stitching.bank import BankBuilder
 
 
 def main() -> None:

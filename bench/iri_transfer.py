@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 from stitchsim.models import IRISettings, ModelRef
+from stitchsim_worker.engine.core.bank import Bank, BankBuilder
 from stitchsim_worker.engine.data.datasets import builtin
 from stitchsim_worker.engine.iri.synthesis import synthesize
 from stitchsim_worker.engine.measures.metrics import agreement_per_sample
 from stitchsim_worker.engine.models.loading import build_model
 from stitchsim_worker.engine.models.network import Network
 from stitchsim_worker.engine.models.zoo import make_checkpoint
-from stitchsim_worker.engine.stitching.bank import Bank, BankBuilder
 from stitchsim_worker.run_command import DEMO_ARCH, train_demo_models
 
 DATASET = "digits_digit_only"

@@ -1,7 +1,7 @@
 """What a second check against the same reference costs: `stitchsim-server serve` (the real
 gateway, workers and local store), the demo models, the demo spec under the service's default
 IRI method; first A-vs-R (reference vs retrained), then B-vs-R (reference vs shortcut). The
-second reads the reference's IRIs, tensors and logits from the store (engine/refcache.py)
+second reads the reference's IRIs, tensors and logits from the store (engine/core/refcache.py)
 instead of computing them.
 
     python bench/reference_reuse.py [--models .stitchsim/demo/models] [--port 8660]

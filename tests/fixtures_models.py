@@ -45,7 +45,7 @@ TRAINING_CODE = [
 ROBUST_CODE = [
     *TRAINING_CODE,
     "worker/engine/models/robust.py",
-    "worker/engine/protocols/attacks.py",
+    "worker/engine/models/attacks.py",
     "client/stitchsim/models/spec.py",
 ]
 

@@ -2,7 +2,7 @@
 version (a short probe, cached on disk), and per input size: a GPU that idles on 32 px
 batches does many more units a second on 224 px ones, a CPU about as many.
 
-A work unit (costs.py) is about one batch through a network part, counted at the models'
+A work unit (engine/core/costs.py) is about one batch through a network part, counted at the models'
 size against a resnet18 on 32x32 inputs (costs.size_factor). Its seconds were measured on the
 reference device, 2 shared CPU cores (REFERENCE_SECONDS_PER_UNIT, bench/eta_accuracy.py), where
 the default job limit was set too. The probe times a resnet18's forward and backward pass at
@@ -15,7 +15,7 @@ one unit each, as on the reference) while the limit follows the device.
 
 Torch-free at import: a worker's parent reads stand-in figures and announces them without
 torch; the probe imports torch and the engine's device helpers only when it runs. The engine
-sees a calibration only through its DeviceRate protocol (engine/resources.py).
+sees a calibration only through its DeviceRate protocol (engine/core/resources.py).
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def calibrate(cache_dir: Path, device: Any = None, *, sizes: tuple[int, ...] = P
     """This device's calibration: from the cache when this device type and torch version
     were measured before, else probed now and cached."""
     import torch
-    from stitchsim_worker.engine.device import pick_device
+    from stitchsim_worker.engine.core.device import pick_device
 
     device = device or pick_device("auto")
     key = f"{device_name(device)} | torch {torch.__version__} | " + \

@@ -57,7 +57,7 @@ class StoreEntries:
         """Keep a local store's entries, and this worker's downloaded copies of a remote
         store's, to max_bytes, least recently used first. A remote bucket is not listed after
         every write: its prefix is pruned by a lifecycle rule (docs/deploy.md)."""
-        from stitchsim_worker.engine.refcache import prune
+        from stitchsim_worker.engine.core.refcache import prune
 
         if isinstance(self.store, LocalStore):
             prune(self.store.root, self.max_bytes)

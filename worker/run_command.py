@@ -174,7 +174,7 @@ def calibrate_command(args: argparse.Namespace) -> int:
         cal = None
     elif settings.calibration in ("auto", "probe"):
         from stitchsim_worker.calibration import calibrate
-        from stitchsim_worker.engine.device import pick_device
+        from stitchsim_worker.engine.core.device import pick_device
 
         device = pick_device("auto")
         # auto: a CPU keeps the flat figures, measured on the reference CPU; a probe on a

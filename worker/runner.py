@@ -45,7 +45,7 @@ def make_resources(ctx: Context, *, calibrated: bool = False) -> Any:
 
     # Service jobs name stored objects only: a path in a spec must never reach the disk.
     # The reference's work lives in the store, so the next job against it on any worker
-    # reads it (engine/refcache.py).
+    # reads it (engine/core/refcache.py).
     max_bytes = ctx.settings.reference_cache_max_bytes
     return Resources(cache_dir=cache, checkpoint_path=resolve("checkpoints"),
                      reference_store=StoreEntries(ctx.store, cache, max_bytes),
@@ -115,10 +115,10 @@ def check_slot_held(ctx: Context, slot: str | None) -> Iterator[None]:
 def _celery_interrupts() -> None:
     """Tell the engine that Celery's soft time limit stops a check or a job from outside: a
     build it interrupts is not the config's fault (models.guard)."""
-    from stitchsim_worker.engine.models import guard
+    from stitchsim_worker.engine.core import errors
 
-    if SoftTimeLimitExceeded not in guard.INTERRUPTS:
-        guard.INTERRUPTS.append(SoftTimeLimitExceeded)
+    if SoftTimeLimitExceeded not in errors.INTERRUPTS:
+        errors.INTERRUPTS.append(SoftTimeLimitExceeded)
 
 
 def _timed_out(ctx: Context, what: str) -> dict[str, Any]:

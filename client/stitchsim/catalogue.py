@@ -71,7 +71,7 @@ OBJECTIVES: Kind[ObjectiveEntry] = Kind("objective", (
 PROTOCOLS: Kind[ProtocolEntry] = Kind("protocol", (
     ProtocolEntry(
         "standard", "standard", "T is trained on the training split, towards the back "
-        "model's processing of it", style=PlotStyle(BLUE, "-", "o"), rank=1, baseline=True,
+        "model's processing of it", style=PlotStyle(BLUE, "-", "o"), rank=1,
         default=True),
     ProtocolEntry(
         "invariance_aware", "invariance-aware", "T is trained on IRIs: inputs the front model "
@@ -322,16 +322,31 @@ KINDS: tuple[Kind[Entry], ...] = (  # type: ignore[assignment]
 every entry."""
 
 
+BASELINE_PROTOCOL = "standard"
+"""The baseline protocol: the plain one, the drop's first term, and the protocol the
+clustered-noise floor is trained under."""
+IRI_PROTOCOL = "invariance_aware"
+"""The IRI protocol: the drop's second term, and the IRIs the measures read (its adversarial
+arm uses IRIs too, but it also attacks)."""
+
+
+def _check_roles() -> None:
+    """The roles name protocols of the catalogue, and the flags those protocols carry agree
+    with their roles: a bug of ours, found at import."""
+    baseline, iri = PROTOCOLS[BASELINE_PROTOCOL], PROTOCOLS[IRI_PROTOCOL]
+    if baseline.uses_iris or baseline.attacks or not baseline.in_controls:
+        raise ValueError(f"the baseline protocol {baseline.name!r} must be plain")
+    if not iri.uses_iris or iri.attacks or not iri.in_controls:
+        raise ValueError(f"the IRI protocol {iri.name!r} must train on IRIs and attack nothing")
+
+
+_check_roles()
+
+
 def drop_protocols() -> tuple[str, str]:
     """The drop's two protocols: the baseline's agreement minus the IRI protocol's (the share
     of the plain score that came from features the end model does not share)."""
-    return PROTOCOLS.one(baseline=True), iri_protocol()
-
-
-def iri_protocol() -> str:
-    """The plain IRI protocol (invariance-aware): the one that uses IRIs and crafts no
-    attacks (its adversarial arm uses IRIs too)."""
-    return PROTOCOLS.one(uses_iris=True, attacks=False)
+    return BASELINE_PROTOCOL, IRI_PROTOCOL
 
 
 def split_arch(arch: str) -> tuple[str, str]:

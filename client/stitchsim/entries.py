@@ -90,9 +90,6 @@ class ProtocolEntry(Entry):
     rank: int = 0
     """The verdict reads the figure of the highest-ranked protocol that ran (the first in
     catalogue order among equals)."""
-    baseline: bool = False
-    """The plain protocol: the drop is its agreement minus the IRI protocol's, and the
-    protocol the clustered-noise floor is trained under."""
     uses_iris: bool = False
     """Its training inputs are IRIs (the IRI settings and convergence figures apply)."""
     needs_front_dataset: bool = False

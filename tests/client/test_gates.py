@@ -27,7 +27,7 @@ from stitchsim.method import method_settings
 from stitchsim.models import IRIStats, MethodRecord, Report, Spec
 from stitchsim.models.spec import thin_points
 from stitchsim.sdk import file_sha256
-from stitchsim_worker.engine.method import METHOD_VERSION, method_record
+from stitchsim_worker.engine.core.method import METHOD_VERSION, method_record
 
 from tests.client.fake_service import FakeService
 from tests.client.reports import make_report

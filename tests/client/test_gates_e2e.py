@@ -23,7 +23,7 @@ import pytest
 from stitchsim import AsyncClient
 from stitchsim.markdown import MARKER
 from stitchsim.models import Report
-from stitchsim_worker.engine.method import METHOD_VERSION
+from stitchsim_worker.engine.core.method import METHOD_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 # The action's warn-band check reads the standard protocol: on these narrow fixture models the

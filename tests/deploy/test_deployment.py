@@ -87,7 +87,7 @@ def test_job_through_the_s3_store(deployment: Deployment, ckpts: Checkpoints) ->
         assert objects[key] == path.read_bytes() and sha256_hex(objects[key]) == hexd
     assert json.loads(objects[f"reports/{job}.json"]) == report
     # Beside them, the reference's work kept for the next check against it, in the bucket every
-    # worker shares (worker/engine/refcache.py): manifests and their blobs, nothing else.
+    # worker shares (worker/engine/core/refcache.py): manifests and their blobs, nothing else.
     kept = {k for k in objects if k.startswith("refcache/v1/")}
     assert any("/blobs/" in k for k in kept) and any(k.endswith(".json") for k in kept), kept
     assert set(objects) - kept == {f"checkpoints/{o.removeprefix('sha256:')[:2]}/"

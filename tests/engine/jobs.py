@@ -59,14 +59,15 @@ def layers(*names: str) -> list[dict[str, str]]:
 
 # The code an IRI's pixels depend on beyond what the engine's own IRI key holds (the front
 # model's identity, the point, the inputs' digest, the settings): the synthesis, the model's
-# cut and forward, the data, the spec's defaults.
+# cut and forward, the data, the distances it steps on (measures), the banks, cache and
+# context it runs in (core), the spec's defaults.
 IRI_CODE = sorted(
     str(f.relative_to(REPO))
-    for folder in ("worker/engine/iri", "worker/engine/models", "worker/engine/data",
-                   "worker/engine/stitching", "worker/engine/job")
+    for folder in ("worker/engine/core", "worker/engine/iri", "worker/engine/models",
+                   "worker/engine/data", "worker/engine/measures", "worker/engine/stitching",
+                   "worker/engine/protocols", "worker/engine/job")
     for f in (REPO / folder).rglob("*.py")
-) + ["client/stitchsim/models/spec.py", "client/stitchsim/datasets.py",
-     "worker/engine/refcache.py"]
+) + ["client/stitchsim/models/spec.py", "client/stitchsim/datasets.py"]
 
 
 def shared_cache() -> Path:

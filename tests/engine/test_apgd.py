@@ -12,8 +12,8 @@ import torch.nn.functional as F
 from stitchsim import catalogue
 from stitchsim.models import AdversarialSettings
 from stitchsim_worker.engine.data.datasets import builtin
-from stitchsim_worker.engine.protocols.attacks import (
-    ATTACKS,
+from stitchsim_worker.engine.models.attacks import (
+    ATTACK_IMPLS,
     apgd,
     apgd_paper,
     art_checkpoints,
@@ -70,17 +70,17 @@ def test_our_apgd_fools_as_often_as_torchattacks_and_far_more_than_noise(tiny, l
 
 
 def test_the_registered_attacks_are_the_catalogues_and_the_papers_is_the_default() -> None:
-    assert list(ATTACKS) == list(catalogue.ATTACKS.names)
+    assert list(ATTACK_IMPLS) == list(catalogue.ATTACKS.names)
     assert catalogue.ATTACKS.one(default=True) == "autoattack_paper"
 
 
 def test_apgd_ce_then_dlr_fools_at_least_as_often_as_either_and_as_pgd(tiny) -> None:
     net, x, y, right = tiny
     settings = AdversarialSettings(epsilon=EPS, eval_steps=10)
-    both = success(net, ATTACKS["apgd"].run(net, x, y, settings, torch.Generator()), y, right)
+    both = success(net, ATTACK_IMPLS["apgd"].run(net, x, y, settings, torch.Generator()), y, right)
     ce = success(net, apgd(net, x, y, eps=EPS, steps=10, loss="ce",
                            generator=torch.Generator())[0], y, right)
-    pgd = success(net, ATTACKS["pgd"].run(net, x, y, settings, torch.Generator()), y, right)
+    pgd = success(net, ATTACK_IMPLS["pgd"].run(net, x, y, settings, torch.Generator()), y, right)
     assert both >= ce - 1e-9 and both >= pgd - 0.02, (both, ce, pgd)
 
 
@@ -149,7 +149,7 @@ def test_the_papers_attack_crafts_what_arts_autoattack_crafts(tiny) -> None:
 
     net, x, y, _ = tiny
     x, y = x[:100], y[:100]
-    ours = ATTACKS["autoattack_paper"].run(net, x, y, AdversarialSettings(),
+    ours = ATTACK_IMPLS["autoattack_paper"].run(net, x, y, AdversarialSettings(),
                                            torch.Generator().manual_seed(0))
     theirs_gen = torch.Generator().manual_seed(0)
 
@@ -213,7 +213,7 @@ def test_the_papers_attack_leaves_what_it_does_not_fool_clean_and_stays_in_the_b
 ) -> None:
     net, x, y, right = tiny
     model = Recording(net)
-    x_adv = ATTACKS["autoattack_paper"].run(model, x, y, AdversarialSettings(),
+    x_adv = ATTACK_IMPLS["autoattack_paper"].run(model, x, y, AdversarialSettings(),
                                             torch.Generator())
     with torch.no_grad():
         fooled = net(x_adv).argmax(1) != y

@@ -15,8 +15,8 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from stitchsim import codes
 from stitchsim.failure import Failure
+from stitchsim_worker.engine.core.resources import BuildLimits
 from stitchsim_worker.engine.job.check import _check_activations
-from stitchsim_worker.engine.models.guard import BuildLimits
 from stitchsim_worker.engine.models.loading import random_model
 from stitchsim_worker.engine.models.network import Network
 

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from stitchsim.models import AdversarialSettings
 from stitchsim_worker.engine.data.shapes import CLASSES, make_shapes
-from stitchsim_worker.engine.protocols.attacks import pgd
-from stitchsim_worker.engine.protocols.cues import CUES, class_places, palette
+from stitchsim_worker.engine.models.attacks import pgd
+from stitchsim_worker.engine.protocols.cues import CUE_IMPLS, class_places, palette
 
 
 def test_palette_colours_are_far_apart_and_fixed() -> None:
@@ -22,7 +22,7 @@ def test_palette_colours_are_far_apart_and_fixed() -> None:
 
 def _marked(name: str, classes: torch.Tensor, seed: int = 0) -> torch.Tensor:
     images = torch.zeros(len(classes), 3, 32, 32)
-    return CUES[name].mark(images, classes, 10, 4, torch.Generator().manual_seed(seed))
+    return CUE_IMPLS[name].mark(images, classes, 10, 4, torch.Generator().manual_seed(seed))
 
 
 def test_pixel_specific_paints_the_class_colour_at_the_class_place() -> None:

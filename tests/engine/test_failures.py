@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from stitchsim.failure import Failure
-from stitchsim_worker.engine.stitching.objectives import OBJECTIVES
+from stitchsim_worker.engine.stitching.objectives import OBJECTIVE_IMPLS
 from stitchsim_worker.engine.stitching.train import FitTask
 
 from tests.engine.jobs import layers, run, spec
@@ -25,7 +25,8 @@ def _broken(task: FitTask) -> float:
 def test_an_engine_failure_names_where_it_happened(
     ckpts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setitem(OBJECTIVES, "fula", dataclasses.replace(OBJECTIVES["fula"], fit=_broken))
+    monkeypatch.setitem(OBJECTIVE_IMPLS, "fula",
+                        dataclasses.replace(OBJECTIVE_IMPLS["fula"], fit=_broken))
     s = spec(ckpts.digits_resnet, ckpts.digits_resnet_b, objectives=["dm", "fula"],
              protocols=["standard"], layers=layers("layer2"), train=QUICK)
     with caplog.at_level(logging.ERROR), pytest.raises(Failure) as failure:
@@ -48,7 +49,8 @@ def test_run_prints_the_message_keeps_the_traceback_in_a_file_and_exits_1(
 
     from stitchsim_worker.run_command import EXIT_FAILED, run_command
 
-    monkeypatch.setitem(OBJECTIVES, "fula", dataclasses.replace(OBJECTIVES["fula"], fit=_broken))
+    monkeypatch.setitem(OBJECTIVE_IMPLS, "fula",
+                        dataclasses.replace(OBJECTIVE_IMPLS["fula"], fit=_broken))
     s = spec(ckpts.digits_resnet, ckpts.digits_resnet_b, objectives=["fula"],
              protocols=["standard"], layers=layers("layer2"), train=QUICK)
     spec_file = tmp_path / "spec.json"

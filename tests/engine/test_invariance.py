@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from stitchsim_worker.engine.refcache import PREFIX, ReferenceCache
+from stitchsim_worker.engine.core.refcache import PREFIX, ReferenceCache
 
 from tests.engine.jobs import FAST_IA, FAST_IRI, TINY, layers, rows, run, shared_cache, spec
 from tests.engine.permuted import permuted_copy

@@ -3,8 +3,8 @@
 exactly 1/255 against the sign of each step's own gradient of the hint loss, the last iterate,
 no early stopping; run on (issue 36) in rounds of 100 of the same steps while the median is
 short of the convergence line, and exactly the paper's 200 with `extra_rounds: 0`. A spec's
-own fields win over a method's preset, the rest take it; the engine registers each method
-under its catalogue name."""
+own fields win over a method's preset, the rest take it; one generator (synthesis.synthesize)
+runs every method's effective settings."""
 
 from __future__ import annotations
 
@@ -13,9 +13,8 @@ import pytest
 import torch
 from stitchsim import catalogue
 from stitchsim.models import IRISettings, Spec
-from stitchsim_worker.engine.iri.methods import IRI_METHODS
-from stitchsim_worker.engine.iri.synthesis import Synthesis, cache_key, pixel_distances
-from stitchsim_worker.engine.stitching.bank import Bank, BankBuilder
+from stitchsim_worker.engine.core.bank import Bank, BankBuilder
+from stitchsim_worker.engine.iri.synthesis import Synthesis, cache_key, pixel_distances, synthesize
 
 CPU = torch.device("cpu")
 N = 12
@@ -58,8 +57,7 @@ def _papers_loop(front: torch.nn.Module, x: torch.Tensor, noise: torch.Tensor,
 
 def _generate(settings: IRISettings, front: torch.nn.Module, pixels: Bank,
               banks: BankBuilder) -> Synthesis:
-    return IRI_METHODS[settings.method].generate(front, pixels, settings, banks, CPU,
-                                                 lambda _n: None)
+    return synthesize(front, pixels, settings, banks, CPU, lambda _n: None)
 
 
 def _noise(x: torch.Tensor, seed: int = 0) -> torch.Tensor:
@@ -208,7 +206,3 @@ def test_the_finishing_rounds_are_the_papers_steps_run_on_until_the_median_is_un
     line = (m10 + m15) / 2 / 0.9
     some = _generate(IRISettings(**never, converged_below=line), front, pixels, banks)
     assert (some.steps == 15).all() and float(np.median(some.final)) == pytest.approx(m15)
-
-
-def test_every_catalogued_method_has_its_engine_entry() -> None:
-    assert list(IRI_METHODS) == list(catalogue.IRI_METHODS.names)

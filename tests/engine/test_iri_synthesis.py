@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from stitchsim.models import IRISettings, ModelRef
+from stitchsim_worker.engine.core.bank import Bank, BankBuilder
 from stitchsim_worker.engine.data.datasets import builtin
 from stitchsim_worker.engine.iri.kernels import FEW_CHANNELS, Kernels
 from stitchsim_worker.engine.iri.synthesis import (
@@ -20,7 +21,6 @@ from stitchsim_worker.engine.iri.synthesis import (
 )
 from stitchsim_worker.engine.models.loading import build_model
 from stitchsim_worker.engine.models.network import Network
-from stitchsim_worker.engine.stitching.bank import Bank, BankBuilder
 
 CPU = torch.device("cpu")
 

@@ -11,16 +11,16 @@ import pytest
 import torch
 from stitchsim.failure import Failure
 from stitchsim.models import MeasureSettings
+from stitchsim_worker.engine.core.bank import BankBuilder
 from stitchsim_worker.engine.measures.knn import knn_overlap
 from stitchsim_worker.engine.measures.similarity import (
-    MEASURES as REGISTRY,
+    MEASURE_IMPLS as REGISTRY,
     Estimate,
     batching,
     estimate,
     measure,
     prepare,
 )
-from stitchsim_worker.engine.stitching.bank import BankBuilder
 
 SETTINGS = MeasureSettings()
 CPU = torch.device("cpu")

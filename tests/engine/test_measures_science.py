@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from stitchsim.models import MeasureRow, Report
-from stitchsim_worker.engine.refcache import PREFIX
+from stitchsim_worker.engine.core.refcache import PREFIX
 
 from tests.engine.jobs import FAST, FAST_IRI, layers, run, spec
 from tests.engine.permuted import permuted_copy

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 import pytest
 import torch
 from stitchsim.models import TrainSettings
+from stitchsim_worker.engine.core.bank import Bank
 from stitchsim_worker.engine.measures.metrics import evaluate, relative_distance
 from stitchsim_worker.engine.models.cutting import BackPart
+from stitchsim_worker.engine.models.rep import rep_of
 from stitchsim_worker.engine.stitching.activations import Split
-from stitchsim_worker.engine.stitching.bank import Bank
-from stitchsim_worker.engine.stitching.layer import StitchLayer, rep_of
+from stitchsim_worker.engine.stitching.layer import StitchLayer
 from stitchsim_worker.engine.stitching.objectives import (
-    OBJECTIVES,
+    OBJECTIVE_IMPLS,
     hard_label_loss,
     latent_alignment_loss,
     soft_label_loss,
@@ -154,7 +155,7 @@ def _trained(case: Case, objective: str) -> StitchLayer:
     task = FitTask(stitch=stitch, back=case.back, split=case.train, settings=SETTINGS, seed=0,
                    device=torch.device("cpu"), on_step=lambda _n: None,
                    should_cancel=lambda: False)
-    OBJECTIVES[objective].fit(task)
+    OBJECTIVE_IMPLS[objective].fit(task)
     return stitch
 
 

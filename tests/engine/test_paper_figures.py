@@ -18,12 +18,12 @@ from pydantic import ValidationError
 from stitchsim import catalogue
 from stitchsim.models import Spec
 from stitchsim_worker.engine import Resources
-from stitchsim_worker.engine.job.context import Cut
+from stitchsim_worker.engine.core.context import Cut
 from stitchsim_worker.engine.job.prepare import prepare
 from stitchsim_worker.engine.measures.metrics import FIGURES, evaluate
 from stitchsim_worker.engine.models.loading import random_model
 from stitchsim_worker.engine.models.network import Network
-from stitchsim_worker.engine.stitching.fitting import alignment_points
+from stitchsim_worker.engine.protocols.fitting import alignment_points
 
 from tests.engine.jobs import TINY, run, spec
 

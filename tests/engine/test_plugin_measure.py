@@ -13,7 +13,7 @@ from stitchsim import catalogue
 from stitchsim.models import Spec
 from stitchsim.table import format_table
 from stitchsim_service.gateway.pages import render_report_page
-from stitchsim_worker.engine.measures.similarity import MEASURES
+from stitchsim_worker.engine.measures.similarity import MEASURE_IMPLS
 
 from tests import toy_measure
 from tests.engine.jobs import layers, run, spec
@@ -25,10 +25,10 @@ TINY = {"epochs": 1, "max_train_samples": 64, "max_test_samples": 64}
 def plugged_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     # Both registries are put back as they were when the test ends.
     monkeypatch.setattr(catalogue.MEASURES, "entries", catalogue.MEASURES.entries)
-    monkeypatch.delitem(MEASURES, toy_measure.NAME, raising=False)
+    monkeypatch.delitem(MEASURE_IMPLS, toy_measure.NAME, raising=False)
     toy_measure.register()
     yield
-    monkeypatch.delitem(MEASURES, toy_measure.NAME)
+    monkeypatch.delitem(MEASURE_IMPLS, toy_measure.NAME)
 
 
 def test_a_measure_added_by_two_entries_is_computed_and_shown(

@@ -319,9 +319,9 @@ def test_iris_are_other_images_with_the_same_features(zoo: Zoo, name: str, point
 
 def _cached_iris(root: Path) -> list[Any]:
     """Every IRI set the job cache holds: the reference cache's iri manifests, each naming the
-    blob of its arrays (worker/engine/refcache.py)."""
+    blob of its arrays (worker/engine/core/refcache.py)."""
     import safetensors.numpy
-    from stitchsim_worker.engine.refcache import BLOBS, PREFIX
+    from stitchsim_worker.engine.core.refcache import BLOBS, PREFIX
 
     sets = []
     for manifest in sorted((root / PREFIX / "iri").rglob("*.json")):

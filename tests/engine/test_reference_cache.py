@@ -1,4 +1,4 @@
-"""The reference cache (engine/refcache.py): entries round-trip bit for bit, a corrupt or
+"""The reference cache (engine/core/refcache.py): entries round-trip bit for bit, a corrupt or
 partial one is rejected and computed again, writers racing on one entry never corrupt it, the
 folder is pruned least recently used first, and a second job against the same reference
 computes nothing of the reference's and gives the cold run's figures."""
@@ -18,14 +18,14 @@ import safetensors.torch
 import torch
 from stitchsim.models import Spec
 from stitchsim_worker.engine import Resources, run_job
-from stitchsim_worker.engine.refcache import (
+from stitchsim_worker.engine.core.bank import BankBuilder
+from stitchsim_worker.engine.core.refcache import (
     BLOBS,
     PREFIX,
     FolderStore,
     ReferenceCache,
     prune,
 )
-from stitchsim_worker.engine.stitching.bank import BankBuilder
 
 from tests.engine.jobs import REUSE_SPEC
 from tests.service.conftest import assert_same_figures, unflagged_figures

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 from stitchsim_worker.engine.measures.metrics import relative_distance
-from stitchsim_worker.engine.stitching.layer import LeastSquares, StitchLayer, rep_of
+from stitchsim_worker.engine.models.rep import rep_of
+from stitchsim_worker.engine.stitching.layer import LeastSquares, StitchLayer
 
 
 def test_kinds_are_read_from_shapes() -> None:

@@ -11,6 +11,10 @@ uses is in the registry.
     gateway    stitchsim_service.gateway: no torch, no worker code, not the SDK
     worker     stitchsim_worker (but its engine): no gateway, no FastAPI/Starlette
     engine     stitchsim_worker.engine: the contract and third-party libraries only
+
+Inside the engine, its packages are layers too (ENGINE_LAYERS, bottom to top): a module imports
+its own package and the layers below it, never one above. Names for annotations only (under
+TYPE_CHECKING) are exempt, as everywhere here.
 """
 
 from __future__ import annotations
@@ -33,6 +37,14 @@ VIEW = ("stitchsim.view", "stitchsim.table", "stitchsim.junit", "stitchsim.gates
 # Report.to_pandas() and _repr_html_ (a notebook's helpers on the contract's model) import the
 # view's frames when called: the one import that runs from the contract to the view.
 LAZY_CONTRACT_TO_VIEW = ("stitchsim.frames",)
+ENGINE = "stitchsim_worker.engine"
+ENGINE_LAYERS = ("core", "data", "measures", "models", "iri", "stitching", "protocols", "job",
+                 "")
+"""The engine's packages, bottom to top: core (what every part imports: errors, device,
+registry, resources, banks, the reference cache, work units, sizes, a job's context and steps),
+the data, the figures on tensors, the models, the IRIs, the stitch, the protocols (and fitting
+per protocol, the controls), the job; "" is the top: the engine's own surface (its __init__,
+warm.py)."""
 HTTP_FRAMEWORK = ("fastapi", "starlette")
 TORCH = ("torch", "torchvision", "timm")
 
@@ -80,6 +92,19 @@ def _forbidden(layer: str, imported: str) -> bool:
     if layer == "engine":
         return ours and _layer(imported) not in ("contract", "engine")
     return ours
+
+
+def _engine_layer(module: str) -> int:
+    """The height of an engine module in ENGINE_LAYERS (a top-level module: the surface)."""
+    package = module.removeprefix(ENGINE).lstrip(".").split(".")[0]
+    return ENGINE_LAYERS.index(package if package in ENGINE_LAYERS else "")
+
+
+def _upward(module: str, imported: str) -> bool:
+    """An engine module importing an engine module of a layer above its own."""
+    if not (_under(module, (ENGINE,)) and _under(imported, (ENGINE,))):
+        return False
+    return _engine_layer(imported) > _engine_layer(module)
 
 
 def _modules() -> Iterator[tuple[str, Path]]:
@@ -133,7 +158,41 @@ def test_imports_point_one_way() -> None:
             for target in candidates:
                 if _forbidden(layer, target):
                     bad.append(f"{path.relative_to(ROOT)}:{line} ({layer}) imports {target}")
+                if _upward(module, target):
+                    bad.append(f"{path.relative_to(ROOT)}:{line} (engine layer "
+                               f"{ENGINE_LAYERS[_engine_layer(module)] or 'surface'}) imports "
+                               f"{target}, a layer above it")
     assert not bad, "imports against the layers:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_every_engine_package_has_its_layer() -> None:
+    # A new package must take its place in the order; a top-level module is the surface.
+    packages = {p.parent.name for p in (ROOT / "worker" / "engine").glob("*/__init__.py")}
+    assert packages == set(ENGINE_LAYERS) - {""}
+    tops = {p.stem for p in (ROOT / "worker" / "engine").glob("*.py")}
+    assert tops == {"__init__", "warm"}
+
+
+def test_the_engine_layer_rules_catch_what_they_are_for() -> None:
+    # The imports that made job/ both the top and the bottom, and the others that ran upward.
+    e = ENGINE
+    assert _upward(f"{e}.stitching.activations", f"{e}.job.plan")
+    assert _upward(f"{e}.models.robust", f"{e}.protocols.fitting")
+    assert _upward(f"{e}.data.pixels", f"{e}.stitching.layer")
+    assert _upward(f"{e}.core.context", f"{e}.models.network")
+    assert _upward(f"{e}.iri.synthesis", f"{e}.stitching.train")
+    assert _upward(f"{e}.models.network", f"{e}.warm")
+    # Down, or inside one package: allowed.
+    assert not _upward(f"{e}.protocols.controls", f"{e}.core.step")
+    assert not _upward(f"{e}.protocols.controls", f"{e}.protocols.fitting")
+    assert not _upward(f"{e}.job.run", f"{e}.measures.metrics")
+    assert not _upward(f"{e}.warm", f"{e}.models.sources")
+    assert not _upward(f"{e}", f"{e}.job.run")
+    assert not _upward("stitchsim_worker.runner", f"{e}.core.errors")  # not the engine's rule
+    # The order itself: the bottom, then up to the job.
+    heights = [_engine_layer(f"{e}.{p}.x") for p in ("core", "data", "measures", "models",
+                                                       "iri", "stitching", "protocols", "job")]
+    assert heights == sorted(heights) and _engine_layer(f"{e}.warm") == len(ENGINE_LAYERS) - 1
 
 
 def test_the_layer_rules_catch_what_they_are_for() -> None:

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 from stitchsim.models import Spec
+from stitchsim_worker.engine.core.progress import PRIOR_SECONDS, Plan, Tracker, Units
 from stitchsim_worker.engine.iri.synthesis import round_lengths
-from stitchsim_worker.engine.job.progress import PRIOR_SECONDS, Plan, Tracker, Units
 
 from tests.service.conftest import tiny_spec
 
@@ -124,7 +124,7 @@ def test_each_step_is_held_to_its_own_count() -> None:
     one list, so a wrong count names its step (IRIs may stop short of their cap)."""
     from typing import cast
 
-    from stitchsim_worker.engine.job.step import JobRun, Step, plan_of, run_steps
+    from stitchsim_worker.engine.core.step import JobRun, Step, plan_of, run_steps
 
     stages: list[str] = []
     t = Tracker(lambda stage, _d, _t, _e: stages.append(stage), None)

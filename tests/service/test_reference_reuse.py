@@ -9,7 +9,7 @@ from typing import Any
 
 from stitchsim.models import Spec
 from stitchsim_worker.engine import Resources, run_job
-from stitchsim_worker.engine.refcache import PREFIX
+from stitchsim_worker.engine.core.refcache import PREFIX
 
 from tests.engine.jobs import REUSE_SPEC
 from tests.service.conftest import (
@@ -75,7 +75,7 @@ def test_a_remote_store_shares_entries_and_rejects_a_corrupt_blob(tmp_path: Path
     import numpy as np
     import torch
     from stitchsim_service.core.store import FsspecStore
-    from stitchsim_worker.engine.refcache import BLOBS, ReferenceCache
+    from stitchsim_worker.engine.core.refcache import BLOBS, ReferenceCache
     from stitchsim_worker.reference_store import StoreEntries
 
     bucket = tmp_path / "bucket"

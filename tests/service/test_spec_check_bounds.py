@@ -107,7 +107,7 @@ def test_a_large_model_counts_more_units_for_the_same_spec(ckpts, tmp_path) -> N
     from safetensors.torch import save_file
     from stitchsim.failure import Failure
     from stitchsim_worker.engine import Resources, check_spec
-    from stitchsim_worker.engine.job.costs import REFERENCE_FLOPS
+    from stitchsim_worker.engine.core.costs import REFERENCE_FLOPS
     from torch.utils.flop_counter import FlopCounterMode
 
     kwargs = {"num_classes": 10}

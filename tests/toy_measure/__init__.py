@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from stitchsim import catalogue
 from stitchsim.models import MeasureSettings
-from stitchsim_worker.engine.measures.similarity import MeasureEntry, register_measure
+from stitchsim_worker.engine.measures.similarity import MeasureImpl, register_measure
 
 NAME = "norm_correlation"
 CATALOGUE_ENTRY = catalogue.MeasureEntry(
@@ -43,7 +43,7 @@ def _compare(xs: list[tuple[torch.Tensor, torch.Tensor]],
     return float(value), _correlation(a, b, w)
 
 
-ENGINE_ENTRY = MeasureEntry(name=NAME, prepare=_prepare, compare=_compare)
+ENGINE_ENTRY = MeasureImpl(name=NAME, prepare=_prepare, compare=_compare)
 
 
 def register() -> None:

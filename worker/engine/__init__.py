@@ -7,11 +7,11 @@ Public surface:
     list_stitch_points(arch, arch_kwargs) -> list[str]
 """
 
-from stitchsim_worker.engine.errors import JobCancelled
+from stitchsim_worker.engine.core.errors import JobCancelled
+from stitchsim_worker.engine.core.resources import CancelFn, ProgressFn, Resources
 from stitchsim_worker.engine.job.check import check_spec
 from stitchsim_worker.engine.job.run import run_job
 from stitchsim_worker.engine.models.points import list_stitch_points
-from stitchsim_worker.engine.resources import CancelFn, ProgressFn, Resources
 
 __all__ = [
     "CancelFn",

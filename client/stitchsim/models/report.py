@@ -332,7 +332,7 @@ class MethodRecord(BaseModel):
     (a CI baseline and a new run)."""
 
     engine: str = Field(description="the engine's method version: bumped by any change of the "
-                        "engine that moves figures (stitchsim_worker.engine.method)")
+                        "engine that moves figures (stitchsim_worker.engine.core.method)")
     settings: dict[str, Any] = Field(
         default={}, description="every spec setting that moves the similarity figure, by "
         "dotted path (iri.steps, train.epochs, protocols ...): stitchsim.method")

@@ -19,10 +19,10 @@ from stitchsim.files.dataset import DatasetFileInfo, check_dataset, read_labels
 from stitchsim.files.errors import SafetensorsError
 from stitchsim.files.header import read_header
 from stitchsim.models import BUILTIN_DATASETS, LocalPath, TrainSettings
+from stitchsim_worker.engine.core.refcache import file_sha256
+from stitchsim_worker.engine.core.resources import Resources
 from stitchsim_worker.engine.data.pixels import Pixels
 from stitchsim_worker.engine.data.shapes import make_shapes
-from stitchsim_worker.engine.refcache import file_sha256
-from stitchsim_worker.engine.resources import Resources
 
 DIGITS_SIZE = 32
 SHAPES_SAMPLES = 2000

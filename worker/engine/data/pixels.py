@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from stitchsim.files.header import TensorInfo
-from stitchsim_worker.engine.stitching.bank import Bank
+from stitchsim_worker.engine.core.bank import Bank
 
 _NUMPY = {"U8": "<u1", "F16": "<f2", "F32": "<f4", "F64": "<f8", "BF16": "<u2"}
 _CHECK_ROWS = 1024

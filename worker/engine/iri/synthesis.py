@@ -32,11 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from stitchsim.models import IRISettings, IRIStats
-from stitchsim_worker.engine.device import autocast
-from stitchsim_worker.engine.iri.cache import IRICache
+from stitchsim_worker.engine.core.bank import Bank, BankBuilder
+from stitchsim_worker.engine.core.device import autocast
+from stitchsim_worker.engine.core.iri_cache import IRICache
 from stitchsim_worker.engine.iri.kernels import Kernels
 from stitchsim_worker.engine.measures.metrics import per_sample_distance, pixel_rms
-from stitchsim_worker.engine.stitching.bank import Bank, BankBuilder
 
 log = logging.getLogger(__name__)
 # Extra rounds run until a batch's median is below this share of the convergence line: a
@@ -321,10 +321,8 @@ def get_iris(
             pixels=pixel_distances(bank, pixels),
         )
         return IRIResult(bank, stats)
-    # Imported here: the methods' registry imports this module for its generator.
-    from stitchsim_worker.engine.iri.methods import IRI_METHODS
-
-    made = IRI_METHODS[settings.method].generate(front, pixels, settings, banks, device, on_step)
+    # Every method (catalogue.IRI_METHODS) is a preset of the settings: one generator runs them.
+    made = synthesize(front, pixels, settings, banks, device, on_step)
     seconds = time.perf_counter() - t0
     steps_used = float(made.steps.mean())
     meta = {"settings": settings.model_dump(), "seconds": seconds, "steps_used": steps_used}

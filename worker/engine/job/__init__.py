@@ -1,1 +1,2 @@
-"""One job: preparing it, checking it, planning and tracking its work, running it to a report."""
+"""One job, the top layer of the engine: preparing it, checking it, planning its steps, running
+them (the measures step: measuring.py) and the report (with the unstitched models' rows)."""

@@ -16,21 +16,21 @@ import torch
 from stitchsim import catalogue
 from stitchsim.failure import Failure
 from stitchsim.models import AdversarialSettings, IRISettings, Spec, TrainSettings
+from stitchsim_worker.engine.core.context import EVAL_BATCH
+from stitchsim_worker.engine.core.costs import Sizes, size_factor
+from stitchsim_worker.engine.core.device import pick_device
+from stitchsim_worker.engine.core.resources import Resources
+from stitchsim_worker.engine.core.step import Pair, Step, total
 from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
-from stitchsim_worker.engine.device import pick_device
-from stitchsim_worker.engine.job.context import EVAL_BATCH
-from stitchsim_worker.engine.job.costs import Sizes, size_factor
 from stitchsim_worker.engine.job.plan import job_plan, job_steps
 from stitchsim_worker.engine.job.prepare import (
     check_all,
     check_classes,
     pair_points_of,
 )
-from stitchsim_worker.engine.job.step import Pair, Step, total
+from stitchsim_worker.engine.models.attacks import attack_passes
 from stitchsim_worker.engine.models.loading import LoadedModel, meta_model
 from stitchsim_worker.engine.models.network import EXAMPLE_BATCH, Network
-from stitchsim_worker.engine.protocols.attacks import attack_passes
-from stitchsim_worker.engine.resources import Resources
 
 META = torch.device("meta")
 FLOAT_BYTES = 4

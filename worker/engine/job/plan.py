@@ -12,20 +12,20 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from stitchsim.models import Direction, Protocol, Spec
+from stitchsim_worker.engine.core.context import JobContext, cut_label
+from stitchsim_worker.engine.core.costs import Sizes
+from stitchsim_worker.engine.core.progress import Plan
+from stitchsim_worker.engine.core.step import JobRun, Pair, Step, plan_of
 from stitchsim_worker.engine.iri.synthesis import round_lengths
-from stitchsim_worker.engine.job.context import JobContext, cut_label
-from stitchsim_worker.engine.job.costs import Sizes
+from stitchsim_worker.engine.job.measuring import measure_units
 from stitchsim_worker.engine.job.prepare import Prepared
-from stitchsim_worker.engine.job.progress import Plan
-from stitchsim_worker.engine.job.step import JobRun, Pair, Step, plan_of
-from stitchsim_worker.engine.measures.in_job import measure_units
-from stitchsim_worker.engine.protocols.controls import CONTROLS, controls_to_run
-from stitchsim_worker.engine.stitching.activations import Split, test_split, test_split_units
-from stitchsim_worker.engine.stitching.fitting import (
+from stitchsim_worker.engine.protocols.controls import CONTROL_IMPLS, controls_to_run
+from stitchsim_worker.engine.protocols.fitting import (
     protocol_rows,
     protocol_rows_units,
     training_inputs,
 )
+from stitchsim_worker.engine.stitching.activations import Split, test_split, test_split_units
 
 
 def job_steps(spec: Spec, sizes: Sizes, pairs: Sequence[Pair]) -> list[Step]:
@@ -42,7 +42,7 @@ def job_steps(spec: Spec, sizes: Sizes, pairs: Sequence[Pair]) -> list[Step]:
                                   _measures(direction, pair)))
     for name in controls_to_run(spec):
         for direction in spec.direction_list():
-            steps += CONTROLS[name].steps(spec, sizes, direction, pairs)
+            steps += CONTROL_IMPLS[name].steps(spec, sizes, direction, pairs)
     return steps
 
 

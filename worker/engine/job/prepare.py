@@ -12,13 +12,13 @@ from stitchsim.catalogue import CONTROLS, OBJECTIVES, OUTPUT_KINDS, PROTOCOLS
 from stitchsim.failure import Failure
 from stitchsim.models import ModelRef, Spec
 from stitchsim.models.spec import thin_points
+from stitchsim_worker.engine.core.errors import JobCancelled
+from stitchsim_worker.engine.core.refcache import file_sha256
+from stitchsim_worker.engine.core.resources import CancelFn, Resources
 from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
-from stitchsim_worker.engine.errors import JobCancelled
 from stitchsim_worker.engine.models.loading import LoadedModel, build_model
 from stitchsim_worker.engine.models.network import Network, pair_points
 from stitchsim_worker.engine.models.preprocess import MEASURE_SAMPLES, measure
-from stitchsim_worker.engine.refcache import file_sha256
-from stitchsim_worker.engine.resources import CancelFn, Resources
 
 
 @dataclass

@@ -25,14 +25,17 @@ from stitchsim.models import (
     UnstitchedRow,
 )
 from stitchsim.models.report import sealed
-from stitchsim_worker.engine.device import pick_device
-from stitchsim_worker.engine.errors import engine_failure, passes_through
-from stitchsim_worker.engine.job.context import JobContext
+from stitchsim_worker.engine.core.context import JobContext
+from stitchsim_worker.engine.core.device import pick_device
+from stitchsim_worker.engine.core.errors import engine_failure, passes_through
+from stitchsim_worker.engine.core.method import method_record
+from stitchsim_worker.engine.core.progress import Tracker
+from stitchsim_worker.engine.core.resources import CancelFn, ProgressFn, Resources
+from stitchsim_worker.engine.core.step import JobRun, run_steps
+from stitchsim_worker.engine.job.measuring import MeasureRun
 from stitchsim_worker.engine.job.plan import job_plan, prepared_steps
 from stitchsim_worker.engine.job.prepare import Prepared, prepare
-from stitchsim_worker.engine.job.progress import Tracker
-from stitchsim_worker.engine.job.step import JobRun, run_steps
-from stitchsim_worker.engine.measures.in_job import MeasureRun
+from stitchsim_worker.engine.job.unstitched import unstitched_rows
 from stitchsim_worker.engine.measures.metrics import accuracy_with_ci, near_chance
 from stitchsim_worker.engine.measures.summary import (
     chance_warning,
@@ -41,10 +44,7 @@ from stitchsim_worker.engine.measures.summary import (
     verdict_caveats,
     withheld,
 )
-from stitchsim_worker.engine.measures.unstitched import unstitched_rows
-from stitchsim_worker.engine.method import method_record
 from stitchsim_worker.engine.models.network import Network
-from stitchsim_worker.engine.resources import CancelFn, ProgressFn, Resources
 
 log = logging.getLogger("stitchsim.engine")
 

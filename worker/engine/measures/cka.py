@@ -9,7 +9,7 @@ from stitchsim.models import (
     MeasureSettings,
 )
 from stitchsim_worker.engine.measures.similarity import (
-    MeasureEntry,
+    MeasureImpl,
     register_measure,
 )
 
@@ -97,4 +97,4 @@ def _cka_compare(xs: list[GramBatch], ys: list[GramBatch], _settings: MeasureSet
 
 
 # As in the invariance-aware paper's code; 1 for representations equal up to rotation and scale.
-register_measure(MeasureEntry(name="cka", prepare=_cka_prepare, compare=_cka_compare))
+register_measure(MeasureImpl(name="cka", prepare=_cka_prepare, compare=_cka_compare))

@@ -12,7 +12,7 @@ from stitchsim.models import (
     MeasureSettings,
 )
 from stitchsim_worker.engine.measures.similarity import (
-    MeasureEntry,
+    MeasureImpl,
     register_measure,
 )
 
@@ -62,4 +62,4 @@ def _knn_compare(xs: list[Neighbours], ys: list[Neighbours], _settings: MeasureS
 
 
 # Cosine neighbours within each mini-batch; 1 when the neighbourhoods match.
-register_measure(MeasureEntry(name="mutual_knn", prepare=_knn_prepare, compare=_knn_compare))
+register_measure(MeasureImpl(name="mutual_knn", prepare=_knn_prepare, compare=_knn_compare))

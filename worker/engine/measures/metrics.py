@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from stitchsim_worker.engine.registry import Registry
+from stitchsim_worker.engine.core.registry import Registry
 
 BOOTSTRAP_RESAMPLES = 1000
 _BOOT_CHUNK = 100

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from stitchsim.models import OutputKind
+from stitchsim_worker.engine.core.registry import Registry
 from stitchsim_worker.engine.measures.metrics import (
     Figures,
     bootstrap,
     evaluate,
     per_sample_distance,
 )
-from stitchsim_worker.engine.registry import Registry
 
 RETRIEVAL_CHUNK = 512
 """Queries compared with the whole gallery at once: memory stays chunk x N."""

@@ -29,9 +29,9 @@ from stitchsim.models import (
     Measure,
     MeasureSettings,
 )
+from stitchsim_worker.engine.core.bank import Bank
+from stitchsim_worker.engine.core.registry import Registry
 from stitchsim_worker.engine.measures.metrics import BOOTSTRAP_RESAMPLES
-from stitchsim_worker.engine.registry import Registry
-from stitchsim_worker.engine.stitching.bank import Bank
 
 _QUANTILES = (0.025, 0.975)
 
@@ -53,7 +53,7 @@ class Batching:
 
 
 @dataclass(frozen=True)
-class MeasureEntry:
+class MeasureImpl:
     name: Measure
     prepare: Callable[[torch.Tensor, torch.Tensor, MeasureSettings], Any]
     """(one mini-batch of one representation, flattened, float64; its resampling weights;
@@ -62,8 +62,8 @@ class MeasureEntry:
     """(prepared batches of X, of Y) -> the value and its bootstrap distribution."""
 
 
-MEASURES: Registry[MeasureEntry] = Registry("measure")
-register_measure = MEASURES.register
+MEASURE_IMPLS: Registry[MeasureImpl] = Registry("measure")
+register_measure = MEASURE_IMPLS.register
 
 
 def batching(n: int, batch_size: int, seed: int, device: torch.device) -> Batching:
@@ -86,7 +86,7 @@ def batching(n: int, batch_size: int, seed: int, device: torch.device) -> Batchi
 Source = Bank | torch.Tensor  # per-sample rows of any shape, indexable by sample indices
 
 
-def prepare(entry: MeasureEntry, x: Source, plan: Batching, settings: MeasureSettings,
+def prepare(entry: MeasureImpl, x: Source, plan: Batching, settings: MeasureSettings,
             device: torch.device, on_batch: Callable[[], None] | None = None) -> list[Any]:
     out = []
     for idx, w in zip(plan.batches, plan.weights, strict=True):
@@ -96,7 +96,7 @@ def prepare(entry: MeasureEntry, x: Source, plan: Batching, settings: MeasureSet
     return out
 
 
-def estimate(entry: MeasureEntry, px: list[Any], py: list[Any],
+def estimate(entry: MeasureImpl, px: list[Any], py: list[Any],
              settings: MeasureSettings) -> Estimate:
     value, boot = entry.compare(px, py, settings)
     return Estimate(value, _interval(boot))
@@ -112,6 +112,6 @@ def measure(name: str, x: Source, y: Source, settings: MeasureSettings, seed: in
     """One measure between two sets of paired samples (flattened per sample)."""
     if len(x) != len(y):
         raise ValueError(f"measures need paired samples, got {len(x)} and {len(y)}")
-    entry, plan = MEASURES[name], batching(len(x), settings.batch_size, seed, device)
+    entry, plan = MEASURE_IMPLS[name], batching(len(x), settings.batch_size, seed, device)
     return estimate(entry, prepare(entry, x, plan, settings, device),
                     prepare(entry, y, plan, settings, device), settings)

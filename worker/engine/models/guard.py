@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stitchsim.failure import Failure
+from stitchsim_worker.engine.core.errors import interrupted
+from stitchsim_worker.engine.core.resources import BuildLimits
 from torch import nn
 from torch.nn.modules import module as torch_module
 
@@ -34,8 +36,6 @@ MAX_LAYERS = 1000
 MAX_COUNT = 1 << 20
 """The largest value of any one size field: beyond every real width, vocabulary or image side,
 and far from the int64 overflows of a meta forward over its shapes."""
-DEFAULT_MAX_MODULES = 20_000
-"""Modules one model may have: timm's largest (vit_gigantic, densenet264d) have ~1,200."""
 ISOLATION_BUDGET_S = 5.0
 """Wall time spent finding which field broke a build before naming every given field."""
 
@@ -51,25 +51,6 @@ _LABEL_MAPS = frozenset({"id2label", "label2id"})
 # Fields whose names match but that are not sizes (transformers' chunking switch, ids).
 _NOT_SIZES = frozenset({"chunk_size_feed_forward", "pad_token_id", "bos_token_id",
                         "eos_token_id", "decoder_start_token_id", "sep_token_id"})
-
-
-INTERRUPTS: list[type[BaseException]] = [MemoryError]
-"""Exceptions that stop a build from outside (out of memory, the host's time limit: the worker
-adds Celery's SoftTimeLimitExceeded) and are never the config's fault: passed on as they are."""
-
-
-def interrupted(exc: BaseException) -> bool:
-    return isinstance(exc, tuple(INTERRUPTS))
-
-
-@dataclass(frozen=True)
-class BuildLimits:
-    """How much a build may register before it is stopped."""
-
-    max_params: int | None = None
-    """Parameters (None: no limit, as in `stitchsim-server run`)."""
-    max_modules: int | None = DEFAULT_MAX_MODULES
-    """Modules (None: no limit, for a job's build of a spec its check already passed)."""
 
 
 @dataclass(frozen=True)

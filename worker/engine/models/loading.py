@@ -17,9 +17,10 @@ from stitchsim.catalogue import OUTPUT_KINDS
 from stitchsim.failure import Failure
 from stitchsim.files.model_config import CONFIG_FILE, InvalidModelConfig, ModelConfig, from_metadata
 from stitchsim.models import ModelRef
+from stitchsim_worker.engine.core.resources import BuildLimits
 from stitchsim_worker.engine.measures.outputs import detect_kind
 from stitchsim_worker.engine.models import autoencoder as _autoencoder  # noqa: F401 - registers it
-from stitchsim_worker.engine.models.guard import BuildLimits, Given, guarded_build
+from stitchsim_worker.engine.models.guard import Given, guarded_build
 from stitchsim_worker.engine.models.heads import head_classes
 from stitchsim_worker.engine.models.preprocess import (
     Choice,

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import torch
 from stitchsim.failure import Failure
 from stitchsim.models import FulaPoints
+from stitchsim_worker.engine.core.errors import interrupted
 from stitchsim_worker.engine.models.cutting import (
     BackPart,
     ModelSplitter,
@@ -19,9 +20,9 @@ from stitchsim_worker.engine.models.cutting import (
     PointTrace,
     module_order,
 )
-from stitchsim_worker.engine.models.guard import interrupted, library_words
+from stitchsim_worker.engine.models.guard import library_words
 from stitchsim_worker.engine.models.loading import LoadedModel
-from stitchsim_worker.engine.stitching.layer import Rep, rep_of
+from stitchsim_worker.engine.models.rep import Rep, rep_of
 from torch import nn
 
 AUTO_POINTS = 4

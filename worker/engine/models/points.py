@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 from stitchsim.models import ModelRef
-from stitchsim_worker.engine.models.guard import BuildLimits
+from stitchsim_worker.engine.core.resources import BuildLimits
 from stitchsim_worker.engine.models.loading import meta_model, random_model
 from stitchsim_worker.engine.models.network import Network
 

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from stitchsim.models import AdversarialSettings
 from stitchsim_worker.engine.data.datasets import builtin
+from stitchsim_worker.engine.models.attacks import pgd
 from stitchsim_worker.engine.models.loading import save_checkpoint
 from stitchsim_worker.engine.models.zoo import Perturb, train_classifier
-from stitchsim_worker.engine.protocols.attacks import pgd
 
 EPSILON = 8 / 255
 

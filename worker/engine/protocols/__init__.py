@@ -1,18 +1,19 @@
-"""The protocols, the controls and the attacks they use: what the stitch is trained on.
+"""The protocols and the controls: what the stitch is trained on, and fitting it per protocol
+(fitting.py). The attacks they use are the models' (models/attacks.py).
 
-Each protocol module registers its entry on import; importing this package registers them all.
+Each protocol module registers its implementation on import; importing this package imports
+every module of it and puts the protocols in the catalogue's order.
 """
 
-# isort: off
-# Registration order is the catalogue's (tests/engine/test_registries.py holds the two).
-from stitchsim_worker.engine.protocols import standard, invariance_aware, adversarial, cross_task
-# isort: on
+from stitchsim import catalogue
+from stitchsim_worker.engine.core.registry import register_package
 from stitchsim_worker.engine.protocols.entry import (
-    PROTOCOLS,
-    ProtocolEntry,
+    PROTOCOL_IMPLS,
+    ProtocolImpl,
     register_protocol,
     stitched,
 )
 
-__all__ = ["PROTOCOLS", "ProtocolEntry", "register_protocol", "stitched", "adversarial",
-           "cross_task", "invariance_aware", "standard"]
+register_package(__name__, __path__, PROTOCOL_IMPLS, catalogue.PROTOCOLS.names)
+
+__all__ = ["PROTOCOL_IMPLS", "ProtocolImpl", "register_protocol", "stitched"]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from stitchsim_worker.engine.job.context import Cut, JobContext
+from stitchsim_worker.engine.core.context import Cut, JobContext
+from stitchsim_worker.engine.models.attacks import pgd
 from stitchsim_worker.engine.models.cutting import BackPart
-from stitchsim_worker.engine.protocols.attacks import pgd
 from stitchsim_worker.engine.protocols.entry import (
-    ProtocolEntry,
+    ProtocolImpl,
     register_protocol,
     stitched,
 )
@@ -59,11 +59,11 @@ def _adversarial_augment(ctx: JobContext, cut: Cut, points: list[str], alpha: fl
     return augment
 
 
-register_protocol(ProtocolEntry(
+register_protocol(ProtocolImpl(
     name="adversarial", train_split=standard_split, cost=extraction_units,
     augment=_adversarial_augment,
 ))
-register_protocol(ProtocolEntry(
+register_protocol(ProtocolImpl(
     name="iri_adversarial", train_split=invariance_aware_split, cost=iris_and_extraction,
     augment=_adversarial_augment,
 ))

@@ -1,6 +1,6 @@
 """The controls (DESIGN §1), one registered entry each: reference runs that say how to read a
 comparison's figures (a ceiling, a floor, a shortcut probe). Each runs per direction as steps
-of the job (step.py: one per stitch pair, or per cue and pair), each with its work units, and
+of the job (core/step.py: one per stitch pair, or per cue and pair), each with its work units, and
 returns rows shaped like the comparison's, with a `control` key. What a control is called and
 how it is drawn are its catalogue entry's (stitchsim.catalogue.CONTROLS). Adding one is its
 catalogue entry plus one `register_control` call here, under the same name.
@@ -14,29 +14,21 @@ from dataclasses import dataclass, field
 import torch
 from stitchsim import catalogue
 from stitchsim.models import Control, Direction, ResultRow, Spec
-from stitchsim_worker.engine.data.datasets import clustered_noise
-from stitchsim_worker.engine.job.context import (
+from stitchsim_worker.engine.core.context import (
     EVAL_BATCH,
     Cut,
     JobContext,
     cut_label,
     self_point,
 )
-from stitchsim_worker.engine.job.costs import Sizes, passes
-from stitchsim_worker.engine.job.progress import Units
-from stitchsim_worker.engine.job.step import JobRun, Pair, Step
+from stitchsim_worker.engine.core.costs import Sizes, passes
+from stitchsim_worker.engine.core.progress import Units
+from stitchsim_worker.engine.core.registry import Registry
+from stitchsim_worker.engine.core.step import JobRun, Pair, Step
+from stitchsim_worker.engine.data.datasets import clustered_noise
 from stitchsim_worker.engine.measures.pseudo import pseudo_classes
-from stitchsim_worker.engine.protocols.cues import CUES
-from stitchsim_worker.engine.registry import Registry
-from stitchsim_worker.engine.stitching.activations import (
-    InputSet,
-    images_split,
-    test_split,
-    test_split_units,
-    train_split,
-    with_inputs as split_with_inputs,
-)
-from stitchsim_worker.engine.stitching.fitting import (
+from stitchsim_worker.engine.protocols.cues import CUE_IMPLS
+from stitchsim_worker.engine.protocols.fitting import (
     alignment_points,
     fit,
     fit_units,
@@ -45,21 +37,29 @@ from stitchsim_worker.engine.stitching.fitting import (
     protocol_rows_units,
     training_inputs,
 )
+from stitchsim_worker.engine.stitching.activations import (
+    InputSet,
+    images_split,
+    test_split,
+    test_split_units,
+    train_split,
+    with_inputs as split_with_inputs,
+)
 
 StepsFn = Callable[[Spec, Sizes, Direction, Sequence[Pair]], list[Step]]
 CutRows = Callable[[JobContext, Cut], list[ResultRow]]
 
 
 @dataclass(frozen=True)
-class ControlEntry:
+class ControlImpl:
     name: Control
     steps: StepsFn
     """(spec, sizes, direction, stitch pairs) -> its steps in that direction, each with its
     work units and how it runs (the job's step list, plan.py)."""
 
 
-CONTROLS: Registry[ControlEntry] = Registry("control")
-register_control = CONTROLS.register
+CONTROL_IMPLS: Registry[ControlImpl] = Registry("control")
+register_control = CONTROL_IMPLS.register
 
 
 def controls_to_run(spec: Spec) -> list[str]:
@@ -70,7 +70,7 @@ def controls_to_run(spec: Spec) -> list[str]:
 
 
 def self_cut_control(name: Control, rows: CutRows, units: Callable[[Spec, Sizes], Units]
-                     ) -> ControlEntry:
+                     ) -> ControlImpl:
     """A control run as one step per stitch pair, on the back model stitched into itself at
     the pair's back point (ctx.self_cut)."""
 
@@ -80,7 +80,7 @@ def self_cut_control(name: Control, rows: CutRows, units: Callable[[Spec, Sizes]
         return [Step(f"control {name} {' '.join(self_point(direction, pair))}", per_cut,
                      _collect(rows, direction, pair)) for pair in pairs]
 
-    return ControlEntry(name=name, steps=steps)
+    return ControlImpl(name=name, steps=steps)
 
 
 def _collect(rows: CutRows, direction: Direction, pair: Pair) -> Callable[[JobRun], None]:
@@ -94,7 +94,6 @@ def _collect(rows: CutRows, direction: Direction, pair: Pair) -> Callable[[JobRu
 
 _NOISE_CENTRES_SEED_OFFSET = 7
 _NOISE_TRAIN_SEED, _NOISE_TEST_SEED = 11, 12
-_BASELINE = catalogue.PROTOCOLS.one(baseline=True)
 """The floor's stitch is trained on the noise as the baseline protocol trains on images."""
 
 
@@ -120,8 +119,8 @@ def _clustered_noise(ctx: JobContext, cut: Cut) -> list[ResultRow]:
         for objective in spec.objectives:
             result = fit(ctx, cut, objective, train, [test])
             result.stitch = "clustered noise -> " + result.stitch
-            rows.append(make_row(ctx, cut, objective, _BASELINE, result.on(0), test,
-                                 result, control="clustered_noise", sigma=sigma))
+            rows.append(make_row(ctx, cut, objective, catalogue.BASELINE_PROTOCOL, result.on(0),
+                                 test, result, control="clustered_noise", sigma=sigma))
     return rows
 
 
@@ -205,7 +204,7 @@ def _classes_to_mark(ctx: JobContext, direction: Direction) -> Classes:
 def _mark(ctx: JobContext, name: str, classes: Classes) -> _Marked:
     data, side = ctx.prep.data, ctx.spec.control_settings.shortcut_marker
     train_y, test_y, k, pseudo = classes
-    cue = CUES[name]
+    cue = CUE_IMPLS[name]
     seed = ctx.spec.train.seed + _CUE_SEED_OFFSET
     g = torch.Generator().manual_seed(seed)
     train_x = cue.mark(data.train.images, train_y, k, side, g)
@@ -260,4 +259,4 @@ def _shortcut_units(spec: Spec, sizes: Sizes) -> Units:
     return marked + protocol_rows_units(spec, sizes, [sizes.test] * 2, control=True)
 
 
-register_control(ControlEntry(name="shortcut", steps=_shortcut_steps))
+register_control(ControlImpl(name="shortcut", steps=_shortcut_steps))

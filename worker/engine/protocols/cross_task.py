@@ -6,14 +6,14 @@ import torch
 from stitchsim.catalogue import OUTPUT_KINDS
 from stitchsim.failure import Failure
 from stitchsim.models import IRIStats
-from stitchsim_worker.engine.job.context import Cut, JobContext
+from stitchsim_worker.engine.core.bank import Bank
+from stitchsim_worker.engine.core.context import Cut, JobContext
 from stitchsim_worker.engine.protocols.entry import (
-    ProtocolEntry,
+    ProtocolImpl,
     register_protocol,
 )
 from stitchsim_worker.engine.protocols.standard import extraction_units
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
-from stitchsim_worker.engine.stitching.bank import Bank
 
 _ELSEWHERE = -30.0  # a logit whose softmax is ~1e-13: one-hot "predictions" of paired labels
 
@@ -83,7 +83,7 @@ def _cross_task_test(ctx: JobContext, cut: Cut) -> Split:
                  back_accuracy=float(g_right.float().mean()))
 
 
-register_protocol(ProtocolEntry(
+register_protocol(ProtocolImpl(
     name="cross_task", train_split=_cross_task_train, cost=extraction_units,
     test_split=_cross_task_test,
 ))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
-from stitchsim_worker.engine.registry import Registry
+from stitchsim_worker.engine.core.registry import Registry
 
 # Marks `images` for `classes` (the label, or the label rolled by one class).
 MarkFn = Callable[[torch.Tensor, torch.Tensor, int, int, torch.Generator], torch.Tensor]
@@ -30,8 +30,8 @@ class Cue:
     """(images, classes, n_classes, marker side, generator) -> marked copy of images."""
 
 
-CUES: Registry[Cue] = Registry("cue")
-register_cue = CUES.register
+CUE_IMPLS: Registry[Cue] = Registry("cue")
+register_cue = CUE_IMPLS.register
 
 
 @lru_cache(maxsize=8)

@@ -6,7 +6,8 @@ plan. Every protocol is evaluated on the normal test split unless it brings its 
 protocol is called, its rank for the verdict and its flags (uses IRIs, runs in the controls,
 needs the front model's dataset ...) are its catalogue entry's (stitchsim.catalogue.PROTOCOLS).
 Adding a protocol is its catalogue entry plus one `register_protocol` call, in a module of
-this package imported by its __init__, under the same name.
+this package (the package finds its modules; the order is the catalogue's), under the same
+name; registering checks the catalogue's flags against what the implementation does.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from stitchsim import catalogue
 from stitchsim.models import IRIStats, Protocol, Spec
-from stitchsim_worker.engine.job.context import Cut, JobContext
-from stitchsim_worker.engine.job.progress import Units
+from stitchsim_worker.engine.core.context import Cut, JobContext
+from stitchsim_worker.engine.core.progress import Units
+from stitchsim_worker.engine.core.registry import Registry, check_flag
 from stitchsim_worker.engine.models.cutting import BackPart
-from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
 from stitchsim_worker.engine.stitching.layer import StitchLayer
 from stitchsim_worker.engine.stitching.train import Augment
@@ -28,7 +30,7 @@ TrainSplitFn = Callable[[JobContext, Cut, InputSet, list[str]], tuple[Split, IRI
 
 
 @dataclass(frozen=True)
-class ProtocolEntry:
+class ProtocolImpl:
     name: Protocol
     train_split: TrainSplitFn
     """(ctx, cut, training inputs, back alignment points) -> split to fit T on, and stats."""
@@ -41,8 +43,19 @@ class ProtocolEntry:
     """Its own test split, when it is not the comparison's (cross-task pairing)."""
 
 
-PROTOCOLS: Registry[ProtocolEntry] = Registry("protocol")
-register_protocol = PROTOCOLS.register
+PROTOCOL_IMPLS: Registry[ProtocolImpl] = Registry("protocol")
+
+
+def register_protocol(impl: ProtocolImpl) -> ProtocolImpl:
+    """Registers a protocol's implementation under its catalogue name, once its catalogue
+    flags say what it does: it attacks while training exactly when it has an augment, and runs
+    in the controls exactly when it tests on the comparison's test split."""
+    flags = catalogue.PROTOCOLS[impl.name]
+    check_flag("protocol", impl.name, "attacks", flags.attacks, impl.augment is not None,
+               "has an augment")
+    check_flag("protocol", impl.name, "in_controls", flags.in_controls, impl.test_split is None,
+               "tests on the comparison's test split")
+    return PROTOCOL_IMPLS.register(impl)
 
 
 

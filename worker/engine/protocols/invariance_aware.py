@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from stitchsim.models import IRISettings, IRIStats, Spec
+from stitchsim_worker.engine.core.context import Cut, JobContext
+from stitchsim_worker.engine.core.progress import Units
 from stitchsim_worker.engine.iri import synthesis as iri
-from stitchsim_worker.engine.job.context import Cut, JobContext
-from stitchsim_worker.engine.job.progress import Units
 from stitchsim_worker.engine.protocols.entry import (
-    ProtocolEntry,
+    ProtocolImpl,
     register_protocol,
 )
 from stitchsim_worker.engine.protocols.standard import extraction_units
@@ -72,6 +72,6 @@ def iris_and_extraction(spec: Spec, n: int) -> Units:
     return extraction_units(spec, n) + Units(iri=iri_units(spec, n))
 
 
-register_protocol(ProtocolEntry(
+register_protocol(ProtocolImpl(
     name="invariance_aware", train_split=invariance_aware_split, cost=iris_and_extraction,
 ))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 
 from stitchsim.models import IRIStats, Spec
-from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
-from stitchsim_worker.engine.job.progress import Units
+from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.core.progress import Units
 from stitchsim_worker.engine.protocols.entry import (
-    ProtocolEntry,
+    ProtocolImpl,
     register_protocol,
 )
 from stitchsim_worker.engine.stitching.activations import InputSet, Split, train_split
@@ -25,6 +25,6 @@ def extraction_units(_spec: Spec, n: int) -> Units:
     return Units(forward=2 * math.ceil(n / EVAL_BATCH))
 
 
-register_protocol(ProtocolEntry(
+register_protocol(ProtocolImpl(
     name="standard", train_split=standard_split, cost=extraction_units,
 ))

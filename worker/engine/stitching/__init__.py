@@ -1,1 +1,2 @@
-"""The stitch layer T, what it is trained on, the objectives and the fitting loop."""
+"""The stitch layer T, what it is trained on (activations), the objectives, the training loop,
+and the image grids of stitched outputs. Fitting one per protocol is protocols/fitting.py."""

@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext, test_inputs
-from stitchsim_worker.engine.job.costs import Sizes, passes
-from stitchsim_worker.engine.job.progress import Units
-from stitchsim_worker.engine.stitching.bank import Bank
+from stitchsim_worker.engine.core.bank import Bank
+from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext, test_inputs
+from stitchsim_worker.engine.core.costs import Sizes, passes
+from stitchsim_worker.engine.core.progress import Units
 
 
 @dataclass

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from stitchsim import catalogue
 from stitchsim.models import Objective, TrainSettings
+from stitchsim_worker.engine.core.registry import Registry, check_flag
 from stitchsim_worker.engine.measures.metrics import relative_distance
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
-from stitchsim_worker.engine.registry import Registry
 from stitchsim_worker.engine.stitching.train import (
     FitTask,
     LossFn,
@@ -32,18 +33,27 @@ LS_BATCH = 256
 
 
 @dataclass(frozen=True)
-class ObjectiveEntry:
+class ObjectiveImpl:
     name: Objective
     fit: Callable[[FitTask], float]
-    """Fits task.stitch on task.split (initialised or not); returns the training loss. An
-    objective whose catalogue entry aligns later points gets the back model's tensors at j and
-    every later stage as targets, not just at j."""
+    """Fits task.stitch on task.split (initialised or not); returns the training loss."""
     cost: Callable[[int, TrainSettings], int]
     """Work units (batches through T and g>j) of one fit on n training samples."""
+    with_feats: bool = False
+    """Its loss reads the back model's tensors at j and every later stage, not just at j (the
+    split carries them: its catalogue entry aligns later points)."""
 
 
-OBJECTIVES: Registry[ObjectiveEntry] = Registry("objective")
-register_objective = OBJECTIVES.register
+OBJECTIVE_IMPLS: Registry[ObjectiveImpl] = Registry("objective")
+
+
+def register_objective(impl: ObjectiveImpl) -> ObjectiveImpl:
+    """Registers an objective's implementation under its catalogue name, once its catalogue
+    flag says what its loss reads: later points exactly when it trains with their tensors."""
+    check_flag("objective", impl.name, "aligns_later_points",
+               catalogue.OBJECTIVES[impl.name].aligns_later_points, impl.with_feats,
+               "trains on the later points' tensors")
+    return OBJECTIVE_IMPLS.register(impl)
 
 
 # ---------------------------------------------------------------- losses
@@ -69,7 +79,13 @@ def latent_alignment_loss(b: LossInputs) -> torch.Tensor:
 # ---------------------------------------------------------------- fitting
 
 
-def _adam(loss: LossFn, with_feats: bool = False) -> Callable[[FitTask], float]:
+def _trained(name: Objective, loss: LossFn, with_feats: bool = False) -> ObjectiveImpl:
+    """An objective trained with Adam on its loss, an epoch's batches a pass."""
+    return ObjectiveImpl(name=name, fit=_adam(loss, with_feats), cost=_epochs,
+                         with_feats=with_feats)
+
+
+def _adam(loss: LossFn, with_feats: bool) -> Callable[[FitTask], float]:
     """Least-squares initialisation on `init_samples`, then Adam on the loss."""
 
     def fit(task: FitTask) -> float:
@@ -99,9 +115,7 @@ def _one_pass(n: int, _settings: TrainSettings) -> int:
     return math.ceil(n / LS_BATCH)
 
 
-register_objective(ObjectiveEntry(name="hlm", fit=_adam(hard_label_loss), cost=_epochs))
-register_objective(ObjectiveEntry(name="slm", fit=_adam(soft_label_loss), cost=_epochs))
-register_objective(ObjectiveEntry(name="dm", fit=_closed_form, cost=_one_pass))
-register_objective(ObjectiveEntry(
-    name="fula", fit=_adam(latent_alignment_loss, with_feats=True), cost=_epochs,
-))
+register_objective(_trained("hlm", hard_label_loss))
+register_objective(_trained("slm", soft_label_loss))
+register_objective(ObjectiveImpl(name="dm", fit=_closed_form, cost=_one_pass))
+register_objective(_trained("fula", latent_alignment_loss, with_feats=True))

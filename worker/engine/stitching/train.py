@@ -14,10 +14,10 @@ from typing import NamedTuple
 
 import torch
 from stitchsim.models import TrainSettings
-from stitchsim_worker.engine.errors import JobCancelled
+from stitchsim_worker.engine.core.bank import batches
+from stitchsim_worker.engine.core.errors import JobCancelled
 from stitchsim_worker.engine.models.cutting import BackPart
 from stitchsim_worker.engine.stitching.activations import Split
-from stitchsim_worker.engine.stitching.bank import batches
 from stitchsim_worker.engine.stitching.layer import LeastSquares, StitchLayer
 
 

@@ -10,7 +10,6 @@ convention (the first candidate measured) or its own config's (which wins over m
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 from stitchsim import catalogue
 from stitchsim.failure import Failure
 from stitchsim.files.model_config import ConfigPreprocess, ModelConfig
-from stitchsim_worker.engine.registry import Registry
+from stitchsim_worker.engine.core.registry import Registry, register_package
 from torch import nn
 
 Triple = tuple[float, float, float]
@@ -139,10 +138,5 @@ def source_of(arch: str, where: str) -> tuple[SourceEntry, str]:
     return entry, name
 
 
-def _register_all() -> None:
-    # Imported in catalogue order: each module registers its entries.
-    for module in ("timm_source", "torchvision_source", "transformers_source", "own"):
-        importlib.import_module(f"{__name__}.{module}")
-
-
-_register_all()
+# Each module of this package registers its sources on import; found, then in the catalogue's order.
+register_package(__name__, __path__, SOURCES, catalogue.MODEL_SOURCES.names)

@@ -1,24 +1,30 @@
 """What the parts of one running job share: the spec, the prepared models and data, the banks
 of fixed tensors, the IRI cache and progress. Protocols, objectives and controls receive it
-instead of long argument lists."""
+instead of long argument lists.
+
+It sits in the bottom layer (core) because every layer above it reads it; the models and the
+prepared job it holds are made above it and named here for their types only."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from stitchsim.models import Direction, Spec
-from stitchsim_worker.engine.device import bf16_enabled
-from stitchsim_worker.engine.errors import JobCancelled
-from stitchsim_worker.engine.iri.cache import IRICache
-from stitchsim_worker.engine.job.costs import Sizes, passes
-from stitchsim_worker.engine.job.prepare import Prepared
-from stitchsim_worker.engine.job.progress import Tracker, Units
-from stitchsim_worker.engine.models.network import Network
-from stitchsim_worker.engine.refcache import ReferenceCache, salt
-from stitchsim_worker.engine.resources import Resources
-from stitchsim_worker.engine.stitching.bank import Bank, BankBuilder
+from stitchsim_worker.engine.core.bank import Bank, BankBuilder
+from stitchsim_worker.engine.core.costs import Sizes, passes
+from stitchsim_worker.engine.core.device import bf16_enabled
+from stitchsim_worker.engine.core.errors import JobCancelled
+from stitchsim_worker.engine.core.iri_cache import IRICache
+from stitchsim_worker.engine.core.progress import Tracker, Units
+from stitchsim_worker.engine.core.refcache import ReferenceCache, salt
+from stitchsim_worker.engine.core.resources import Resources
+
+if TYPE_CHECKING:  # by name only: the context holds what the layers above it made
+    from stitchsim_worker.engine.job.prepare import Prepared
+    from stitchsim_worker.engine.models.network import Network
 
 EVAL_BATCH = 256
 

@@ -1,11 +1,20 @@
 """What the engine raises besides the contract's Failure (stitchsim.failure): the cancel signal,
-the Failure an unexpected exception becomes, and which exceptions pass through as they are."""
+the Failure an unexpected exception becomes, and which exceptions pass through as they are (the
+interrupts from outside among them)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from stitchsim.failure import Failure
+
+INTERRUPTS: list[type[BaseException]] = [MemoryError]
+"""Exceptions that stop a build from outside (out of memory, the host's time limit: the worker
+adds Celery's SoftTimeLimitExceeded) and are never the config's fault: passed on as they are."""
+
+
+def interrupted(exc: BaseException) -> bool:
+    return isinstance(exc, tuple(INTERRUPTS))
 
 
 class JobCancelled(Exception):

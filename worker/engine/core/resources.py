@@ -1,4 +1,5 @@
-"""How the engine finds files: stored ids resolve through callables the caller provides."""
+"""What the caller gives a job: how the engine finds files (stored ids resolve through callables
+the caller provides), what a job and a model build may take, and where the progress goes."""
 
 from __future__ import annotations
 
@@ -10,13 +11,26 @@ from typing import Protocol
 
 from stitchsim.failure import Failure
 from stitchsim.models import LocalPath
-from stitchsim_worker.engine.models.guard import DEFAULT_MAX_MODULES, BuildLimits
-from stitchsim_worker.engine.refcache import (
+from stitchsim_worker.engine.core.refcache import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_ENTRY_BYTES,
     EntryStore,
     FolderStore,
 )
+
+DEFAULT_MAX_MODULES = 20_000
+"""Modules one model may have: timm's largest (vit_gigantic, densenet264d) have ~1,200."""
+
+
+@dataclass(frozen=True)
+class BuildLimits:
+    """How much a build may register before it is stopped."""
+
+    max_params: int | None = None
+    """Parameters (None: no limit, as in `stitchsim-server run`)."""
+    max_modules: int | None = DEFAULT_MAX_MODULES
+    """Modules (None: no limit, for a job's build of a spec its check already passed)."""
+
 
 ProgressFn = Callable[[str, int, int, float | None], None]
 """progress(stage, done, total, eta_s): called as long stages advance; eta_s is the engine's
@@ -71,7 +85,7 @@ class Resources:
     max_activation_bytes: int | None = None
     """One batch's activation at a model's largest module output (None: no limit)."""
     reference_store: EntryStore | None = None
-    """Where the reference's work (IRIs, tensors, logits: engine/refcache.py) is kept across
+    """Where the reference's work (IRIs, tensors, logits: engine/core/refcache.py) is kept across
     jobs: the service passes its blob store, shared by every worker. None: a folder of
     cache_dir, pruned to reference_cache_max_bytes."""
     reference_cache_max_bytes: int = DEFAULT_MAX_BYTES

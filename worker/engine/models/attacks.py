@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from stitchsim.models import AdversarialSettings
-from stitchsim_worker.engine.registry import Registry
+from stitchsim_worker.engine.core.registry import Registry
 
 Model = Callable[[torch.Tensor], torch.Tensor]
 """Pixels in [0,1] -> logits."""
@@ -234,13 +234,13 @@ AttackFn = Callable[[Model, torch.Tensor, torch.Tensor, AdversarialSettings, tor
 
 
 @dataclass(frozen=True)
-class AttackEntry:
+class AttackImpl:
     name: str
     run: AttackFn
     """(model on pixels, x, labels, settings, generator) -> attacked x."""
 
 
-ATTACKS: Registry[AttackEntry] = Registry("attack")
+ATTACK_IMPLS: Registry[AttackImpl] = Registry("attack")
 
 
 def _apgd_ce_dlr(model: Model, x: torch.Tensor, y: torch.Tensor,
@@ -294,9 +294,9 @@ def _pgd_k(model: Model, x: torch.Tensor, y: torch.Tensor, settings: Adversarial
     return pgd(lambda z: F.cross_entropy(model(z), y, reduction="sum"), x, k, gen)
 
 
-ATTACKS.register(AttackEntry("autoattack_paper", _autoattack_paper))
-ATTACKS.register(AttackEntry("apgd", _apgd_ce_dlr))
-ATTACKS.register(AttackEntry("pgd", _pgd_k))
+ATTACK_IMPLS.register(AttackImpl("autoattack_paper", _autoattack_paper))
+ATTACK_IMPLS.register(AttackImpl("apgd", _apgd_ce_dlr))
+ATTACK_IMPLS.register(AttackImpl("pgd", _pgd_k))
 
 
 def attack_passes(settings: AdversarialSettings) -> int:

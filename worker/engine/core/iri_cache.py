@@ -1,12 +1,12 @@
-"""The IRIs' cache: a kind of entry of the reference cache (engine/refcache.py), which the
+"""The IRIs' cache: a kind of entry of the reference cache (engine/core/refcache.py), which the
 service keeps in its store, shared by every worker. Entries are verified on load, so a partial
 or corrupt one is computed again, never used."""
 
 from __future__ import annotations
 
 import numpy as np
-from stitchsim_worker.engine.refcache import ReferenceCache
-from stitchsim_worker.engine.stitching.bank import Bank
+from stitchsim_worker.engine.core.bank import Bank
+from stitchsim_worker.engine.core.refcache import ReferenceCache
 
 KIND = "iri"
 

@@ -17,12 +17,13 @@ from stitchsim.models import (
     Protocol,
     Spec,
 )
+from stitchsim_worker.engine.core.bank import Bank
+from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.core.costs import Sizes, passes
+from stitchsim_worker.engine.core.progress import Units
 from stitchsim_worker.engine.data.datasets import clustered_noise
-from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
-from stitchsim_worker.engine.job.costs import Sizes, passes
-from stitchsim_worker.engine.job.progress import Units
 from stitchsim_worker.engine.measures.similarity import (
-    MEASURES,
+    MEASURE_IMPLS,
     Batching,
     Estimate,
     Source,
@@ -30,14 +31,12 @@ from stitchsim_worker.engine.measures.similarity import (
     estimate,
     prepare,
 )
-from stitchsim_worker.engine.protocols import PROTOCOLS
+from stitchsim_worker.engine.protocols import PROTOCOL_IMPLS
 from stitchsim_worker.engine.protocols.invariance_aware import iri_units
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
-from stitchsim_worker.engine.stitching.bank import Bank
 
 _NOISE_CENTRES_SEED_OFFSET = 7  # the clustered-noise control's centres (controls.py)
 _NOISE_SEED = 13
-_IRI_PROTOCOL = catalogue.iri_protocol()
 """The protocol whose entry makes the IRIs the measures read."""
 
 
@@ -69,7 +68,7 @@ class _Prepared:
     def of(self, name: str, x: Source) -> list[Any]:
         key = (name, id(x))  # the source is kept with its entry, so its id stays unique
         if key not in self._done:
-            prepared = prepare(MEASURES[name], x, self.plan(len(x)),
+            prepared = prepare(MEASURE_IMPLS[name], x, self.plan(len(x)),
                                self.ctx.spec.measure_settings, self.ctx.device,
                                self.ctx.tracker.counter("measure"))
             self._done[key] = (x, prepared)
@@ -78,7 +77,7 @@ class _Prepared:
     def estimate(self, name: str, x: Source, y: Source) -> tuple[Estimate, float]:
         t0 = time.perf_counter()
         self.ctx.check_cancel()
-        est = estimate(MEASURES[name], self.of(name, x), self.of(name, y),
+        est = estimate(MEASURE_IMPLS[name], self.of(name, x), self.of(name, y),
                        self.ctx.spec.measure_settings)
         return est, time.perf_counter() - t0
 
@@ -133,8 +132,8 @@ class MeasureRun:
 
     def _iri_views(self, ctx: JobContext, cut: Cut, made: dict[Protocol, Split]) -> Views:
         settings, data = ctx.spec.measure_settings, ctx.prep.data
-        split = made.get(_IRI_PROTOCOL)
-        iris = PROTOCOLS[_IRI_PROTOCOL].train_split
+        split = made.get(catalogue.IRI_PROTOCOL)
+        iris = PROTOCOL_IMPLS[catalogue.IRI_PROTOCOL].train_split
         if settings.iri_split == "test":
             inputs = InputSet(ctx.test_pixels, data.test.labels, f"{data.digest}|test-split")
             split, _ = iris(ctx, cut, inputs, [cut.j])
@@ -209,6 +208,6 @@ def measure_units(spec: Spec, sizes: Sizes, first_direction: bool) -> Units:
                       forward=passes(sizes.test, EVAL_BATCH))
     else:
         units = Units(measure=len(spec.measures) * (real + 2 * iri + floor))
-    if settings.iri_split == "test" or _IRI_PROTOCOL not in spec.protocols:
+    if settings.iri_split == "test" or catalogue.IRI_PROTOCOL not in spec.protocols:
         units += Units(forward=2 * passes(n_iri, EVAL_BATCH), iri=iri_units(spec, n_iri))
     return units

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 from stitchsim.models import ImageGrid
-from stitchsim_worker.engine.job.context import Cut
+from stitchsim_worker.engine.core.context import Cut
 from stitchsim_worker.engine.stitching.activations import Split
 
 GRID_SAMPLES = 8

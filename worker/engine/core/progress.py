@@ -26,8 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
-from stitchsim_worker.engine.errors import JobCancelled
-from stitchsim_worker.engine.resources import CancelFn, ProgressFn
+from stitchsim_worker.engine.core.errors import JobCancelled
+from stitchsim_worker.engine.core.resources import CancelFn, ProgressFn
 
 _MIN_INTERVAL_S = 0.5
 

@@ -11,19 +11,19 @@ import numpy as np
 import torch
 from stitchsim import catalogue
 from stitchsim.models import Control, Objective, Protocol, ResultRow, RobustStats, Spec
-from stitchsim_worker.engine.job.context import EVAL_BATCH, Cut, JobContext
-from stitchsim_worker.engine.job.costs import Sizes, passes
-from stitchsim_worker.engine.job.progress import Units
-from stitchsim_worker.engine.measures.grids import image_grid
+from stitchsim_worker.engine.core.bank import batches
+from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.core.costs import Sizes, passes
+from stitchsim_worker.engine.core.progress import Units
 from stitchsim_worker.engine.measures.metrics import evaluate, seed_interval
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
+from stitchsim_worker.engine.models.attacks import ATTACK_IMPLS, attack_passes
 from stitchsim_worker.engine.models.cutting import BackPart
-from stitchsim_worker.engine.protocols import PROTOCOLS, stitched
-from stitchsim_worker.engine.protocols.attacks import ATTACKS, attack_passes
+from stitchsim_worker.engine.protocols import PROTOCOL_IMPLS, stitched
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
-from stitchsim_worker.engine.stitching.bank import batches
+from stitchsim_worker.engine.stitching.grids import image_grid
 from stitchsim_worker.engine.stitching.layer import StitchLayer
-from stitchsim_worker.engine.stitching.objectives import OBJECTIVES
+from stitchsim_worker.engine.stitching.objectives import OBJECTIVE_IMPLS
 from stitchsim_worker.engine.stitching.train import Augment, FitTask, stitched_logits
 
 
@@ -53,7 +53,7 @@ def fit(ctx: JobContext, cut: Cut, objective: Objective, train: Split,
         tests: list[Split], augment: Augment | None = None) -> Fit:
     """Train T for each seed on `train`; evaluate it on each of `tests`."""
     t0 = time.perf_counter()
-    entry, settings = OBJECTIVES[objective], ctx.spec.train
+    entry, settings = OBJECTIVE_IMPLS[objective], ctx.spec.train
     aligns_later = catalogue.OBJECTIVES[objective].aligns_later_points
     later = cut.g.later_points(cut.j, ctx.spec.fula.points) if aligns_later else []
     back = cut.g.back(cut.j, later)
@@ -81,7 +81,7 @@ def fit_units(spec: Spec, n_train: int, tests: Sequence[int], *, augmented: bool
     adv = spec.adversarial.steps
     units = Units()
     for objective in spec.objectives:
-        batches = OBJECTIVES[objective].cost(n_train, spec.train)
+        batches = OBJECTIVE_IMPLS[objective].cost(n_train, spec.train)
         per_seed = Units(train=batches, forward=sum(passes(n, EVAL_BATCH) for n in tests))
         if augmented:
             per_seed += Units(augment=adv * batches)
@@ -97,7 +97,7 @@ def robust_stats(ctx: JobContext, cut: Cut, result: Fit, test: Split) -> RobustS
     the stitched one (against the labels), averaged over seeds; with how often the attack
     fools each of the two (its success and its transfer rate)."""
     settings, seed = ctx.spec.adversarial, ctx.spec.train.seed
-    attack = ATTACKS[settings.attack]
+    attack = ATTACK_IMPLS[settings.attack]
     assert test.pixels is not None
     evals, fooled = [], []
     for n, stitch in enumerate(result.stitches):
@@ -181,7 +181,7 @@ def protocol_rows(ctx: JobContext, cut: Cut, inputs: InputSet, tests: list[Split
     points = alignment_points(ctx, cut)
     robust = ctx.spec.adversarial.evaluate and control is None
     for protocol in ctx.spec.protocols:
-        entry = PROTOCOLS[protocol]
+        entry = PROTOCOL_IMPLS[protocol]
         if control is not None and not catalogue.PROTOCOLS[protocol].in_controls:
             continue
         ctx.tracker.focus(point=cut.label, protocol=protocol)
@@ -216,7 +216,7 @@ def protocol_rows_units(spec: Spec, sizes: Sizes, tests: Sequence[int], *,
     entry's count), then its fits."""
     total = Units()
     for protocol in spec.protocols:
-        entry = PROTOCOLS[protocol]
+        entry = PROTOCOL_IMPLS[protocol]
         if control and not catalogue.PROTOCOLS[protocol].in_controls:
             continue
         n_fit, own = sizes.train, list(tests)

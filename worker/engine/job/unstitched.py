@@ -10,7 +10,7 @@ direction: the model in front position is h, the model the stitched network ends
 from __future__ import annotations
 
 from stitchsim.models import UnstitchedRow
-from stitchsim_worker.engine.job.context import JobContext
+from stitchsim_worker.engine.core.context import JobContext
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
 
 

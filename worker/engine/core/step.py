@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from stitchsim.models import Direction, ResultRow
-from stitchsim_worker.engine.job.context import JobContext
-from stitchsim_worker.engine.job.progress import ELASTIC, Plan, Tracker, Units
+from stitchsim_worker.engine.core.context import JobContext
+from stitchsim_worker.engine.core.progress import ELASTIC, Plan, Tracker, Units
 
 if TYPE_CHECKING:
-    from stitchsim_worker.engine.measures.in_job import MeasureRun
+    from stitchsim_worker.engine.job.measuring import MeasureRun
     from stitchsim_worker.engine.stitching.activations import Split
 
 Pair = tuple[str, str]

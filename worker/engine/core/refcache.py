@@ -41,7 +41,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from stitchsim_worker.engine.stitching.bank import Bank, BankBuilder
+from stitchsim_worker.engine.core.bank import Bank, BankBuilder
 
 log = logging.getLogger(__name__)
 
