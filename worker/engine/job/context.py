@@ -4,7 +4,7 @@ instead of long argument lists."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -184,10 +184,6 @@ class JobContext:
         _, g = self.networks(direction)
         j = self_point(direction, pair)[1]
         return Cut(direction, pair, g, j, g, j)
-
-    def cuts(self, direction: Direction) -> Iterator[Cut]:
-        for pair in self.prep.pairs:
-            yield self.cut(direction, pair)
 
     def identity(self, net: Network) -> dict[str, object]:
         return self.prep.ids[net.where]
