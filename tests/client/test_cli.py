@@ -172,7 +172,9 @@ def test_bad_spec_exits_2_before_upload_and_says_why(
     )
     err = capsys.readouterr().err
     assert code == 2
-    assert "invalid spec: train.epochs: Input should be greater than or equal to 1" in err
+    # The one shape (stitchsim.validation), word for word what the service answers.
+    assert ("stitchsim: error: invalid spec: train.epochs: Input should be greater than or "
+            "equal to 1 (invalid_spec)\n") in err
     assert fake.requests == []
     error = ET.parse(tmp_path / "junit.xml").getroot().find("testsuite/testcase/error")
     assert error is not None and error.get("type") == "InvalidSpec"

@@ -332,7 +332,7 @@ def _local_checkpoint(path: PathLike, tmp: Path) -> Path:
     try:
         packed = pack_model_folder(path, tmp / "model.safetensors")
     except SafetensorsError as exc:
-        raise InvalidFile(f"{path}: {exc.message}", code=exc.code) from None
+        raise InvalidFile(f"{path}: {exc.message}", code=exc.code, details=exc.details) from None
     log.info("%s: %s folder of %s (%d tensors, %d shard(s))", path,
              packed.config.layout, packed.config.arch, packed.tensors, packed.shards)
     return _check_file(packed.path, "checkpoints")
@@ -406,7 +406,7 @@ def _check_file(path: Path, kind: str) -> Path:
         else:
             read_header(path)
     except SafetensorsError as exc:
-        raise InvalidFile(f"{path}: {exc.message}", code=exc.code) from None
+        raise InvalidFile(f"{path}: {exc.message}", code=exc.code, details=exc.details) from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
     return path
