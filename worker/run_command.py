@@ -156,8 +156,11 @@ def points_command(args: argparse.Namespace) -> int:
 
     try:
         points = list_stitch_points(args.arch, json.loads(args.kwargs))
-    except (Failure, json.JSONDecodeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except Failure as e:
+        print(f"error: {e.line()}", file=sys.stderr)
+        return EXIT_USAGE
+    except json.JSONDecodeError as e:
+        print(f"error: --kwargs is not JSON: {e}", file=sys.stderr)
         return EXIT_USAGE
     print("\n".join(points["all"] if args.all else points["stages"]))
     print(f"# auto: {', '.join(points['auto'])}", file=sys.stderr)
