@@ -35,7 +35,7 @@ from stitchsim_worker.engine.models.loading import build_model
 from stitchsim_worker.engine.models.network import Network
 from stitchsim_worker.engine.models.zoo import make_checkpoint
 
-# Today's method (before the cosine defaults): DESIGN's 200 signed steps of 1/255 (the sign of
+# Today's method (before the cosine defaults): the paper's 200 signed steps of 1/255 (the sign of
 # each step's own gradient), every sample stepped to the end, the last iterate kept, the
 # kernels of the first releases.
 OLD = IRISettings(

@@ -112,6 +112,7 @@ class _TracebacksToFile(logging.Filter):
 def run_command(args: argparse.Namespace) -> int:
     from stitchsim.failure import Failure
     from stitchsim.table import format_table
+    from stitchsim.validation import validation_failure
     from stitchsim_worker.engine import Resources, run_job
 
     try:
@@ -120,7 +121,9 @@ def run_command(args: argparse.Namespace) -> int:
         print(f"error: cannot read spec {args.spec}: {e}", file=sys.stderr)
         return EXIT_USAGE
     except ValidationError as e:
-        print(f"error: invalid spec {args.spec}:\n{e}", file=sys.stderr)
+        # The words the service and the client use for the same spec: one shape.
+        print(f"error: {validation_failure('invalid_spec', 'invalid spec', e.errors()).line()}",
+              file=sys.stderr)
         return EXIT_USAGE
     args.cache_dir.mkdir(parents=True, exist_ok=True)
     bar = _Bar(enabled=not args.quiet)
@@ -131,7 +134,7 @@ def run_command(args: argparse.Namespace) -> int:
         report = run_job(spec, resources=Resources(cache_dir=args.cache_dir), progress=bar)
     except Failure as e:
         bar.close()
-        print(f"error: {e.message}", file=sys.stderr)
+        print(f"error: {e.line()}", file=sys.stderr)
         # The registry says whose fault: the spec's (fix it) or ours (report it).
         return EXIT_USAGE if e.entry is not None and e.entry.user_fault else EXIT_FAILED
     finally:
@@ -153,8 +156,11 @@ def points_command(args: argparse.Namespace) -> int:
 
     try:
         points = list_stitch_points(args.arch, json.loads(args.kwargs))
-    except (Failure, json.JSONDecodeError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except Failure as e:
+        print(f"error: {e.line()}", file=sys.stderr)
+        return EXIT_USAGE
+    except json.JSONDecodeError as e:
+        print(f"error: --kwargs is not JSON: {e}", file=sys.stderr)
         return EXIT_USAGE
     print("\n".join(points["all"] if args.all else points["stages"]))
     print(f"# auto: {', '.join(points['auto'])}", file=sys.stderr)

@@ -49,22 +49,22 @@ from stitchsim.entries import (
 OBJECTIVES: Kind[ObjectiveEntry] = Kind("objective", (
     ObjectiveEntry(
         "hlm", "hard-label matching (hlm)", "cross-entropy of the stitched model against the "
-        "labels", short="hlm", style=PlotStyle(BLUE, "-", "o"), labels_only=True,
+        "labels", style=PlotStyle(BLUE, "-", "o"), labels_only=True,
         needs_labels=True, needs_classes=True),
     ObjectiveEntry(
         "slm", "soft-label matching (slm)", "KL divergence from the back model's softmax to "
         "the stitched model's (temperature 1); for a back model whose output is an embedding "
-        "or an image, its output kind's output matching", short="slm",
+        "or an image, its output kind's output matching",
         style=PlotStyle(VERMILLION, "--", "s"), default=True),
     ObjectiveEntry(
         "dm", "direct matching (dm)", "relative distance to the back model's tensor at the "
-        "stitch point, solved in closed form (least squares)", short="dm",
+        "stitch point, solved in closed form (least squares)",
         style=PlotStyle(GREEN, "-.", "D"), closed_form=True),
     ObjectiveEntry(
         "fula", "functional latent alignment (fula)", "mean relative distance to the back "
         "model's tensors at the stitch point and every later block output up to the last "
         "block, as the invariance-aware paper's FuLA (fula.points: stages for stage outputs "
-        "only)", short="fula",
+        "only)",
         style=PlotStyle(PURPLE, ":", "^"), aligns_later_points=True),
 ))
 
@@ -87,7 +87,7 @@ PROTOCOLS: Kind[ProtocolEntry] = Kind("protocol", (
         "invariance-aware) with a fraction alpha of each batch replaced by PGD inputs crafted "
         "against the stitched model from those IRIs, towards the back model's processing of "
         "the same inputs: the invariance-aware paper's IRI x adversarial arm",
-        short="IRI x adversarial", style=PlotStyle(PURPLE, "--", "v"), uses_iris=True,
+        style=PlotStyle(PURPLE, "--", "v"), uses_iris=True,
         attacks=True),
     ProtocolEntry(
         "cross_task", "cross-task", "front and back models of different tasks: T is trained "
@@ -103,18 +103,18 @@ CONTROLS: Kind[ControlEntry] = Kind("control", (
         "clustered_noise", "clustered noise", "one noise centre per class fed through T into "
         "the back model: the accuracy a representation with nothing but class clusters "
         "reaches (the floor); on data without labels the classes are pseudo-classes (k-means "
-        "of the back model's outputs)", short="noise floor",
+        "of the back model's outputs)",
         band=BandStyle(GREY, "clustered-noise floor", hatch="///")),
     ControlEntry(
         "identity", "identity", "the back model stitched into itself at the same point: "
-        "agreement near 1 is the ceiling and a sanity check", short="ceiling",
+        "agreement near 1 is the ceiling and a sanity check",
         band=BandStyle(GREEN, "identity ceiling")),
     ControlEntry(
         "shortcut", "unseen cues", "class markers neither model saw, painted onto the "
         "stitch-training inputs: agreement that falls when the markers are rolled by one "
         "class was bought by the marker (excessive agreement); on data without labels the "
         "classes are pseudo-classes (k-means of the back model's outputs)",
-        short="unseen cues", paints_cues=True),
+        paints_cues=True),
 ))
 
 CUES: Kind[Entry] = Kind("cue", (
@@ -134,7 +134,7 @@ ATTACKS: Kind[AttackEntry] = Kind("attack", (
         "adversarial.eval_step_size (2/255) halved at APGD's checkpoints, 20 iterations per "
         "loss; only the inputs the model classifies right are attacked, and an input keeps "
         "its clean pixels unless an attack fools the model on it (ART 1.19, the version the "
-        "paper's code ships)", short="AutoAttack (paper)", default=True, steps=20,
+        "paper's code ships)", default=True, steps=20,
         step_size=True),
     AttackEntry(
         "apgd", "APGD-CE + APGD-DLR (Croce's reference)", "AutoAttack's two white-box attacks "
@@ -142,11 +142,11 @@ ATTACKS: Kind[AttackEntry] = Kind("attack", (
         "scaled to the epsilon ball's corner, every input attacked; APGD on the "
         "cross-entropy, then on the difference-of-logits ratio for the inputs it did not "
         "fool; per input the fooling iterate, else the highest-loss one. Stronger than "
-        "autoattack_paper", short="APGD", steps=20),
+        "autoattack_paper", steps=20),
     AttackEntry(
         "pgd", "PGD-k", "k fixed steps of adversarial.eval_step_size along the "
         "cross-entropy gradient's sign (Madry et al. 2018), projected onto the epsilon ball; "
-        "random start with adversarial.random_start", short="PGD", steps=10, step_size=True),
+        "random start with adversarial.random_start", steps=10, step_size=True),
 ))
 
 MEASURES: Kind[MeasureEntry] = Kind("measure", (
@@ -163,25 +163,24 @@ ROW_FIGURES: Kind[Entry] = Kind("row figure", (
           "ends in: <p_h, p_g> / max(|p_h|^2, |p_g|^2) of the softmaxes, 1 iff they match "
           "(the paper's agreement_prob)"),
     Entry("hard_agreement", "hard agreement (same class)", "the share of test samples on "
-          "which both models predict the same class", short="same class"),
+          "which both models predict the same class"),
     Entry("correct_agreement", "correct agreement (both right or both wrong)", "the share of "
           "test samples on which both models are right or both are wrong, whatever class "
-          "each wrong one picks (the paper's hard_agreement, agreement_ratio)",
-          short="both right/wrong"),
+          "each wrong one picks (the paper's hard_agreement, agreement_ratio)"),
     Entry("accuracy", "accuracy", "the stitched model's accuracy on the test split"),
     Entry("error_consistency", "Cohen's kappa (error consistency)", "kappa of 'h is right' "
           "against 'g is right': correct agreement corrected for what two independent models "
-          "of these accuracies reach (the paper's hard_k_consistency)", short="kappa"),
+          "of these accuracies reach (the paper's hard_k_consistency)"),
     Entry("soft_kappa", "soft kappa", "soft error consistency: kappa of the soft agreement "
           "against a b + (1 - a)(1 - b) / (K - 1), a and b the models' mean softmax probability "
-          "of the true class (the paper's soft_k_consistency)", short="soft kappa"),
+          "of the true class (the paper's soft_k_consistency)"),
 ))
 
 UNSTITCHED = ReferenceEntry(
     "unstitched_agreement", "no stitch (whole models)", "the model in front position against "
     "the model the stitched network ends in, whole and unstitched, on the same test split: "
     "the endpoint every agreement curve is read against (the invariance-aware paper's plots "
-    "end in it)", short="no stitch", style=PlotStyle(BLACK, ":", "X"))
+    "end in it)", style=PlotStyle(BLACK, ":", "X"))
 """The agreement plots' endpoint: drawn at the deep end of every agreement panel, in the
 paper's style (a black X, a dotted line)."""
 
@@ -196,8 +195,7 @@ MODEL_SOURCES: Kind[ModelSourceEntry] = Kind("model source", (
     ModelSourceEntry(
         "timm", "timm", "a timm registry name (plain names are timm), built with "
         "pretrained=False and loaded strictly from the checkpoint; a hub-layout folder's "
-        "config.json gives the name, kwargs and preprocessing", prefix="timm", plain=True,
-        config_layout=True),
+        "config.json gives the name, kwargs and preprocessing", prefix="timm", plain=True),
     ModelSourceEntry(
         "torchvision", "torchvision", "a torchvision.models.list_models() name "
         "(torchvision:resnet50), built with weights=None; preprocessing from the "
@@ -207,7 +205,7 @@ MODEL_SOURCES: Kind[ModelSourceEntry] = Kind("model source", (
         "(transformers:ViTForImageClassification), built with from_config from the "
         "checkpoint's config.json (save_pretrained's folder); never remote code, never a hub "
         "download; preprocessing from preprocessor_config.json when present",
-        prefix="transformers", config_layout=True),
+        prefix="transformers"),
     ModelSourceEntry(
         "stitchsim", "stitchsim's own", "architectures the service ships itself "
         "(stitchsim:NAME), such as the autoencoders of its experiments", prefix="stitchsim"),
@@ -246,7 +244,7 @@ IRI_METHODS: Kind[IRIMethodEntry] = Kind("IRI method", (
         "stopping; then, while a batch's median distance is short of the convergence line, "
         "further rounds of 100 of the same steps (at most 10: 1,200 steps a sample), so the "
         "verdict rests on IRIs that finished (iri.extra_rounds 0: exactly the paper's 200)",
-        short="paper", default=True,
+        default=True,
         preset=(("steps", 200), ("step_size", 1 / 255), ("momentum", 0.0),
                 ("schedule", "constant"), ("cycle_steps", 200), ("extra_rounds", 10),
                 ("extra_round_steps", 100), ("extra_round_growth", 1), ("stop_below", None),
@@ -256,7 +254,7 @@ IRI_METHODS: Kind[IRIMethodEntry] = Kind("IRI method", (
         "cosine schedule peaking at 32/255 over 100-step cycles, each sample's best iterate, "
         "early stopping below 0.02 and up to 6 extra rounds while the median is short of the "
         "convergence line (700 steps at most); fewer steps, but its figures depend on where "
-        "the optimiser lands (bench/iri_methods.py)", short="fast",
+        "the optimiser lands (bench/iri_methods.py)",
         preset=(("steps", 100), ("step_size", 32 / 255), ("momentum", 0.9),
                 ("schedule", "cosine"), ("cycle_steps", 100), ("extra_rounds", 6),
                 ("extra_round_steps", None), ("extra_round_growth", 1), ("stop_below", 0.02),

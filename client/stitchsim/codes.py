@@ -1,12 +1,13 @@
-"""The error-code registry: every `code` the service, the workers and the engine put in an
-error, with what it means for whoever receives it.
+"""The error-code registry: every `code` the service, the workers, the engine and the client
+put in an error, with what it means for whoever receives it.
 
 One entry per code: the HTTP status the gateway answers it with (None for codes that never
-are an HTTP answer: how a job ended, a report warning), whether it is the user's fault (fix
-the spec, the files or the key; the CLI exits 2) or not (the CLI exits 3), and whether the
-same request or job may succeed later unchanged. The gateway's error mapping, the worker's job
-outcomes and the client's exceptions and exit codes all read this table; nothing else holds a
-status for a code. Standard library only, so every process can import it for nothing.
+are an HTTP answer: how a job ended, a report warning, what the client finds on its side),
+whether it is the user's fault (fix the spec, the files or the key; the CLI exits 2) or not
+(the CLI exits 3), and whether the same request or job may succeed later unchanged. The
+gateway's error mapping, the worker's job outcomes and the client's exceptions and exit codes
+all read this table; nothing else holds a status for a code. Standard library only, so every
+process can import it for nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 class Code:
     code: str
     status: int | None
-    """HTTP status when the gateway answers with it; None: only in a job's outcome or a report."""
+    """HTTP status when the gateway answers with it; None: never an HTTP answer (how a job
+    ended, a report warning, what the client finds on its side)."""
     user_fault: bool
     """The user must change something (spec, files, key); else it is the service's side."""
     retry: bool
@@ -43,7 +45,8 @@ _GENERIC = (
     _c("unsupported_media_type", 415, True, False, "the body has a content type not accepted"),
     _c("invalid", 422, True, False, "the request was understood but refused"),
     _c("too_many_requests", 429, False, True, "slow down; Retry-After says when"),
-    _c("internal", 500, False, False, "a bug of the service or worker; it has been logged"),
+    _c("internal", 500, False, False, "a bug of ours (service, worker or client); the "
+       "service logs its own"),
     _c("unavailable", 503, False, True, "the service is down or restarting"),
 )
 _ENTRIES = _GENERIC + (
@@ -115,6 +118,23 @@ _ENTRIES = _GENERIC + (
     _c("time_limit", None, False, False, "the job ran past the time limit"),
     _c("out_of_memory", None, False, False, "the worker or the GPU ran out of memory"),
     _c("engine_error", None, False, False, "the engine failed unexpectedly (a bug of ours)"),
+    # The client: what it refuses or meets before, or without, an answer of the service
+    # (its exceptions carry these; never an HTTP answer).
+    _c("invalid_usage", None, True, False, "a flag, the configuration or a local file is "
+       "wrong; found by the client before anything is sent"),
+    _c("invalid_dataset_source", None, True, False, "a dataset to pack (a folder, an archive, "
+       "a parquet, npz or WebDataset file) cannot be read as one"),
+    _c("missing_extra", None, True, False, "an optional part of the client is not installed; "
+       "the message names the pip command"),
+    _c("baseline_refused", None, True, False, "the baseline does not compare with this check "
+       "(other settings, model or dataset), or its file was edited"),
+    _c("connection_failed", None, False, True, "the service could not be reached, after "
+       "retries"),
+    _c("upload_mismatch", None, False, True, "the service stored an upload under another "
+       "sha256 than the file's: the file changed during the upload or the bytes were altered "
+       "in transit"),
+    _c("wait_timeout", None, False, True, "waiting for the job ran out of time; the job may "
+       "still be running"),
     # Report warnings.
     _c("near_chance", None, True, False, "a model predicts at chance: wrong dataset, arch "
        "kwargs or preprocessing; no verdict"),

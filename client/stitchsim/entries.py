@@ -57,12 +57,6 @@ class Entry:
     name: str
     label: str
     description: str
-    short: str = ""
-    """A label for tight places (table headers, plot legends); the label when empty."""
-
-    @property
-    def short_label(self) -> str:
-        return self.short or self.label
 
 
 @dataclass(frozen=True)
@@ -140,8 +134,6 @@ class ModelSourceEntry(Entry):
     """How an `arch` names it: `prefix:NAME`."""
     plain: bool = False
     """A plain name (no `prefix:`) is this source's."""
-    config_layout: bool = False
-    """A model folder's config.json in this source's layout names the architecture."""
 
 
 @dataclass(frozen=True)

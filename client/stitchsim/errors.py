@@ -1,36 +1,60 @@
-"""Exceptions the client raises on purpose.
+"""Exceptions the client raises on purpose: every one a Failure (stitchsim.failure) with a
+code of the error-code registry (stitchsim.codes).
 
 Every error the service answers with (`{"error": {"code", "message", "details"}}`) becomes an
 `APIError` subclass chosen by HTTP status, so callers can catch what they can act on (fix the
-spec, retry later, check the key) without parsing messages. An `APIError` is the contract's
-`Failure` (stitchsim.failure) the service raised, its code, message and details as they were;
-a `JobFailed` carries the Failure the job ended with. Whose fault an error is and whether a
-retry may help come from the error-code registry (`stitchsim.codes`), so the CLI's exit codes
-follow the same table as the service.
+spec, retry later, check the key) without parsing messages; its code, message and details are
+the service's as they were. A `JobFailed` is the Failure the job ended with (its code and
+details), its message naming the job. What the client finds itself (a bad flag, a spec that
+fails validation, a file or dataset it cannot read, a service it cannot reach, a wait that ran
+out) carries a code of its own. Whose fault an error is and whether a retry may help come from
+the registry, so the CLI's exit codes follow the same table as the service; every one reads
+`MESSAGE (CODE)`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from stitchsim import codes
 from stitchsim.failure import Failure
+from stitchsim.validation import field_errors, validation_message
 
 if TYPE_CHECKING:
     import httpx
 
     from stitchsim.models import ErrorInfo, JobStatus
 
+_Usage = TypeVar("_Usage", bound="UsageError")
 
-class StitchsimError(Exception):
-    """Base of every error raised by the stitchsim client."""
 
-    def __init__(self, message: str):
-        super().__init__(message)
-        self.message = message
+class StitchsimError(Failure):
+    """Base of every error raised by the stitchsim client: a Failure whose code comes with
+    its class unless one is given (the service's, the job's)."""
+
+    code = "internal"
+    _user_fault_if_unknown: bool | None = False
+    """Whose fault a code the registry does not know is (a proxy's, a newer service's)."""
+    _retry_if_unknown = False
+
+    def __init__(self, message: str, *, code: str | None = None, details: Any = None,
+                 retry_after: float | None = None):
+        super().__init__(code or type(self).code, message, details, retry_after=retry_after)
 
     def __str__(self) -> str:
-        return self.message
+        return self.line()  # the one shape the CLI prints: what to fix, then the code
+
+    @property
+    def is_user_error(self) -> bool | None:
+        """Whether the user must change something (the spec, the files, a flag, the key)."""
+        entry = self.entry
+        return entry.user_fault if entry else self._user_fault_if_unknown
+
+    @property
+    def retryable(self) -> bool:
+        """Whether the same request (or job) may succeed later unchanged."""
+        entry = self.entry
+        return entry.retry if entry else self._retry_if_unknown
 
 
 # ---------------------------------------------------------------- local
@@ -39,21 +63,29 @@ class StitchsimError(Exception):
 class UsageError(StitchsimError, ValueError):
     """Something on this side is wrong: a flag, the config, a file that is not there."""
 
+    code = "invalid_usage"
+
+    @classmethod
+    def from_validation(cls: type[_Usage], what: str,
+                        errors: Iterable[Mapping[str, Any]]) -> _Usage:
+        """The error for pydantic's errors, in the one shape (stitchsim.validation)."""
+        fields = field_errors(errors)
+        return cls(validation_message(what, fields), details=fields)
+
 
 class InvalidSpec(UsageError):
-    """The spec fails the contract's validation before anything is sent."""
+    """The spec fails the contract's validation before anything is sent; `details` lists
+    every field error as `{field, message, type}`, as the service's `invalid_spec` does."""
 
-    def __init__(self, message: str, errors: list[dict[str, Any]] | None = None):
-        super().__init__(message)
-        self.errors = errors or []
+    code = "invalid_spec"
 
 
-class InvalidFile(Failure, UsageError):
-    """A file to upload is not a safetensors file the service would accept: the Failure the
-    contract's file checks raised (stitchsim.files), refused before anything is sent."""
+class InvalidFile(UsageError):
+    """A file to upload is not a safetensors file the service would accept: the code and
+    message the contract's file checks (stitchsim.files) gave, refused before anything is
+    sent."""
 
-    def __init__(self, message: str, code: str = "invalid_safetensors"):
-        super().__init__(code, message)
+    code = "invalid_safetensors"
 
 
 class DatasetSourceError(UsageError):
@@ -61,9 +93,13 @@ class DatasetSourceError(UsageError):
     read as one; the message names the file and what to fix. Raised before anything is
     uploaded."""
 
+    code = "invalid_dataset_source"
+
 
 class MissingExtra(UsageError):
     """An optional part of the client is not installed; the message names the pip command."""
+
+    code = "missing_extra"
 
 
 # ---------------------------------------------------------------- transport and HTTP
@@ -72,16 +108,17 @@ class MissingExtra(UsageError):
 class ConnectionFailed(StitchsimError):
     """The service could not be reached (after retries)."""
 
+    code = "connection_failed"
+
     def __init__(self, message: str, url: str):
         super().__init__(message)
         self.url = url
 
 
-class APIError(Failure, StitchsimError):
+class APIError(StitchsimError):
     """The service answered with an error status: the Failure it raised, and the status."""
 
-    _retry_by_status = False
-    """For codes the registry does not know (a proxy's, a newer service's)."""
+    _user_fault_if_unknown = None  # the class, chosen by status, says more than a guess
 
     def __init__(
         self,
@@ -92,25 +129,9 @@ class APIError(Failure, StitchsimError):
         details: Any = None,
         response: httpx.Response | None = None,
     ):
-        super().__init__(code, message, details)
+        super().__init__(message, code=code, details=details)
         self.status_code = status_code
         self.response = response
-
-    def __str__(self) -> str:
-        # The service writes what to fix into the message; details are for programs.
-        return f"{self.message} ({self.code}, HTTP {self.status_code})"
-
-    @property
-    def retryable(self) -> bool:
-        """Whether the same request may succeed later."""
-        entry = codes.get(self.code)
-        return entry.retry if entry else self._retry_by_status
-
-    @property
-    def is_user_error(self) -> bool | None:
-        """Whether the user must change something; None for a code the registry lacks."""
-        entry = codes.get(self.code)
-        return entry.user_fault if entry else None
 
     @classmethod
     def from_response(cls, response: httpx.Response) -> APIError:
@@ -142,13 +163,13 @@ class Conflict(APIError):
 class RateLimited(APIError):
     """429: too many requests; retried automatically before this is raised."""
 
-    _retry_by_status = True
+    _retry_if_unknown = True
 
 
 class ServiceUnavailable(APIError):
     """502/503/504: the service or what it depends on is down; retried before this is raised."""
 
-    _retry_by_status = True
+    _retry_if_unknown = True
 
 
 class ServerError(APIError):
@@ -177,51 +198,47 @@ _BY_STATUS: dict[int, type[APIError]] = {
 class JobError(StitchsimError):
     """A job did not end with a report."""
 
-    def __init__(self, message: str, job_id: str, status: JobStatus | None = None):
-        super().__init__(message)
+    code = "job_failed"
+
+    def __init__(self, message: str, job_id: str, status: JobStatus | None = None, *,
+                 code: str | None = None, details: Any = None):
+        super().__init__(message, code=code, details=details)
         self.job_id = job_id
         self.status = status
 
 
 class JobFailed(JobError):
-    """The job ended `failed`; `code`/`message` are the service's reason."""
+    """The job ended `failed`: the Failure it ended with (its code and details, as the engine
+    or the worker raised it); the message names the job, `reason` is the engine's own words.
+    Unknown codes count as the service's fault, and a rerun may cure them: telling CI to retry
+    is the cheaper mistake."""
+
+    _retry_if_unknown = True
 
     def __init__(self, job_id: str, error: ErrorInfo | None, status: JobStatus | None = None):
-        self.failure = (Failure(error.code, error.message, error.details) if error
-                        else Failure("internal", "the service gave no reason"))
-        """The Failure the job ended with, as the engine or the worker raised it."""
-        reason = self.failure.message
-        super().__init__(f"job {job_id} failed: {reason} ({self.code})", job_id, status)
+        code, reason, details = ((error.code, error.message, error.details) if error
+                                 else ("internal", "the service gave no reason", None))
+        super().__init__(f"job {job_id} failed: {reason}", job_id, status, code=code,
+                         details=details)
         self.reason = reason
+        """What the engine or the worker said, without the job's id."""
 
     @property
-    def code(self) -> str:
-        return self.failure.code
-
-    @property
-    def details(self) -> Any:
-        return self.failure.details
-
-    @property
-    def is_user_error(self) -> bool:
-        """Whether the spec or the files must change (the registry says so of the code), as
-        opposed to an infrastructure failure a rerun may cure. Unknown codes count as the
-        latter: telling CI to retry is the cheaper mistake."""
-        entry = codes.get(self.code)
-        return entry.user_fault if entry else False
-
-    @property
-    def retryable(self) -> bool:
-        entry = codes.get(self.code)
-        return entry.retry if entry else True
+    def failure(self) -> Failure:
+        """The job's Failure as the engine or the worker raised it (its own message)."""
+        return Failure(self.code, self.reason, self.details)
 
 
 class JobCancelled(JobError):
     """The job ended `cancelled`."""
 
+    code = "cancelled"
+
 
 class WaitTimeout(JobError, TimeoutError):
     """`Job.wait` ran out of time; the job itself may still be running."""
+
+    code = "wait_timeout"
 
 
 # ---------------------------------------------------------------- helpers

@@ -3,9 +3,9 @@ says what to fix, and details for programs.
 
 The engine raises it, the spec-check task and the runner pass it on (over Celery as its dict),
 the job table stores its three fields, the gateway answers with it (the registry gives the
-status), and the client raises it again: the SDK's errors for the service's answers are
-Failures, and a failed job carries the Failure it ended with. Standard library only, so every
-process can import it for nothing.
+status), and the client raises it again: every exception of the SDK is a Failure (the
+service's answers, the Failure a job ended with, and what the client finds itself, each with
+its code). Standard library only, so every process can import it for nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ class Failure(Exception):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.code!r}, {self.message!r})"
+
+    def line(self) -> str:
+        """`MESSAGE (CODE)`: the failure in one line, as the CLI prints every one (and as the
+        client's exceptions read): what to fix, then the code to look up in the registry."""
+        return f"{self.message} ({self.code})"
 
     @property
     def entry(self) -> codes.Code | None:

@@ -23,6 +23,7 @@ from stitchsim.errors import UsageError
 from stitchsim.method import differences, method_settings
 from stitchsim.models import Caveat, MethodRecord, Report
 from stitchsim.models.report import report_digest
+from stitchsim.validation import field_errors, summary
 
 Status = Literal["pass", "warn", "fail"]
 PointKey = tuple[str, str, str]
@@ -40,6 +41,8 @@ one more epoch, another batch order, reruns) measured against the baseline's spr
 class BaselineRefused(UsageError):
     """The baseline was made under other settings, or of another model or dataset, or its
     file is not what the service wrote (figures out of bounds, edited by hand)."""
+
+    code = "baseline_refused"
 
 
 Figure = Annotated[float, Field(le=1.0 + _EPS, allow_inf_nan=False)]
@@ -79,11 +82,10 @@ def baseline_from_file(text: str, name: str) -> tuple[Report, bool]:
     try:
         _BaselineFigures.model_validate(data)
     except ValidationError as exc:
-        where = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                          for e in exc.errors(include_url=False)[:3])
-        raise BaselineRefused(f"baseline {name} holds figures no report can have ({where}); "
-                              "it was edited or corrupted: use the report as the service "
-                              "wrote it") from None
+        fields = field_errors(exc.errors())
+        raise BaselineRefused(f"baseline {name} holds figures no report can have "
+                              f"({summary(fields, shown=3)}); it was edited or corrupted: use "
+                              "the report as the service wrote it", details=fields) from None
     if report.digest is None:
         return report, False
     if report_digest(data) != report.digest:

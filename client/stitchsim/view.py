@@ -43,7 +43,6 @@ PREPROCESS_SOURCE_LABEL: dict[str, str] = {
     "default": "the default",
     "undetermined": "UNDETERMINED: no measurement told the candidates apart",
 }
-ROLES = ("front", "back")
 
 
 def control_name(row: ResultRow) -> str:

@@ -4,7 +4,6 @@ it is the user's fault and whether a retry may help. The core never names a stat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from stitchsim.failure import Failure
@@ -21,21 +20,3 @@ class NotFoundError(Failure):
         super().__init__("not_found", f"{what} {shown} not found{hint}",
                          {"id": shown, **(details or {})})
 
-
-def _loc(loc: Sequence[Any]) -> str:
-    parts = [str(p) for p in loc if p not in ("body",)]
-    return ".".join(parts) or "request"
-
-
-def validation_details(errors: Sequence[Any]) -> list[dict[str, Any]]:
-    """pydantic's errors as {field, message, type}, for an error's details."""
-    return [{"field": _loc(e.get("loc", ())), "message": e.get("msg", ""),
-             "type": e.get("type", "")} for e in errors]
-
-
-def validation_error(code: str, prefix: str, errors: Sequence[Any]) -> Failure:
-    """A Failure for pydantic's errors: the first few in the message, all in details."""
-    details = validation_details(errors)
-    shown = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
-    more = f" (and {len(details) - 5} more)" if len(details) > 5 else ""
-    return Failure(code, f"{prefix}: {shown}{more}", details)

@@ -1,4 +1,5 @@
-"""Background loop in the gateway: requeue jobs whose worker vanished (DESIGN §2)."""
+"""Background loop in the gateway: requeue jobs whose worker vanished (its heartbeat older
+than STITCHSIM_STALE_AFTER_S; docs/service.md, Reliability)."""
 
 from __future__ import annotations
 

@@ -31,9 +31,10 @@ from stitchsim.datasets import BUILTIN
 from stitchsim.failure import Failure
 from stitchsim.files.header import Header
 from stitchsim.models import Estimate, LocalPath, Spec
+from stitchsim.validation import validation_failure
 from stitchsim_service.core import jobs, objects, quotas
 from stitchsim_service.core.context import Context
-from stitchsim_service.core.errors import NotFoundError, validation_error
+from stitchsim_service.core.errors import NotFoundError
 from stitchsim_service.core.metrics import JOBS_SUBMITTED
 from stitchsim_service.core.objects import StagedFile
 from stitchsim_service.core.queue import check_slot_lifetime_s
@@ -157,7 +158,7 @@ def assemble_spec(raw: Any, files: Mapping[str, StagedCheckpoint]) -> Spec:
     try:
         return Spec.model_validate(raw)
     except ValidationError as exc:
-        raise validation_error("invalid_spec", "invalid spec", list(exc.errors())) from None
+        raise validation_failure("invalid_spec", "invalid spec", exc.errors()) from None
 
 
 def _local_path_refused(field: str, what: str, endpoint: str) -> Failure:

@@ -25,7 +25,7 @@ from starlette.routing import compile_path
 from stitchsim import codes
 from stitchsim.failure import Failure
 from stitchsim.files.errors import SafetensorsError
-from stitchsim_service.core.errors import validation_error
+from stitchsim.validation import validation_failure
 from stitchsim_service.core.store import StoreError
 
 log = logging.getLogger("stitchsim.service")
@@ -116,11 +116,11 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return answer(validation_error("invalid_request", "invalid request", list(exc.errors())))
+        return answer(validation_failure("invalid_request", "invalid request", exc.errors()))
 
     @app.exception_handler(ValidationError)
     async def _pydantic_validation(request: Request, exc: ValidationError) -> JSONResponse:
-        return answer(validation_error("invalid_spec", "invalid spec", list(exc.errors())))
+        return answer(validation_failure("invalid_spec", "invalid spec", exc.errors()))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

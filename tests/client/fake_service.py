@@ -1,7 +1,8 @@
 """A small scripted stand-in for the stitchsim HTTP API, served over real sockets.
 
-It speaks DESIGN §3 closely enough to drive the SDK and CLI through uploads, submission,
-polling, failures and retries, in milliseconds and without torch. The real service is
+It speaks the service's HTTP API (docs/service.md, Endpoints) closely enough to drive the SDK
+and CLI through uploads, submission, polling, failures and retries, in milliseconds and
+without torch. The real service is
 exercised by test_e2e.py and test_real_faults.py; this one lets the client's own logic be
 tested in isolation.
 

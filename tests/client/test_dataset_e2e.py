@@ -97,7 +97,7 @@ def test_unlabelled_images_are_stored_and_refused_by_a_job_that_needs_labels(
                  "unlabelled=true")
     assert run.code == 2, run.err
     assert "has no labels, and this job needs them for: logits outputs" in run.err
-    assert "labels_needed, HTTP 422" in run.err
+    assert "(labels_needed)" in run.err
     # The upload was accepted and stored without labels; the job was refused.
     with Client(live_service.url, live_service.api_key) as client:
         mine = [d for d in client.datasets() if not d.builtin and not d.labelled]

@@ -165,7 +165,7 @@ def test_bad_spec_exits_2_and_says_why(live_service: Any, ckpts: Any, tmp_path: 
         "--threshold", THRESHOLD, "--layers", "layer2:no_such_layer", "--progress", "none",
     )  # fmt: skip
     assert run.code == 2, run.err
-    assert "no_such_layer" in run.err and "HTTP 422" in run.err
+    assert "no_such_layer" in run.err and "(unknown_layer)" in run.err
 
     # And a value the contract refuses fails before anything is sent.
     run = stitchsim(
@@ -197,7 +197,7 @@ def test_service_down_exits_3(ckpts: Any, tmp_path: Path) -> None:
 def test_wrong_api_key_exits_2(live_service: Any) -> None:
     run = stitchsim("jobs", "--url", live_service.url, "--api-key", "ssk_not_a_key")
     assert run.code == 2
-    assert "this API key is not valid" in run.err and "HTTP 401" in run.err
+    assert "this API key is not valid" in run.err and "(unauthorized)" in run.err
 
 
 def test_jobs_and_report_commands_see_the_checks(

@@ -96,13 +96,13 @@ def test_bad_alphas_and_attacks_are_refused_naming_the_field(adversarial, words:
     # What the service answers with a 422 (tests/service/test_bad_inputs.py holds the status).
     from pydantic import ValidationError
     from stitchsim.models import Spec
-    from stitchsim_service.core.errors import validation_error
+    from stitchsim.validation import validation_failure
 
     body = {"front": {"checkpoint": {"path": "a"}}, "back": {"checkpoint": {"path": "b"}},
             "adversarial": adversarial}
     with pytest.raises(ValidationError) as info:
         Spec.model_validate(body)
-    failure = validation_error("invalid_spec", "invalid spec", list(info.value.errors()))
+    failure = validation_failure("invalid_spec", "invalid spec", info.value.errors())
     assert failure.code == "invalid_spec" and words in failure.message, failure.message
 
 

@@ -74,3 +74,27 @@ def test_a_failure_without_an_http_status_is_a_logged_500_not_a_leak() -> None:
     body = json.loads(response.body)
     assert response.status_code == 500 and body["error"]["code"] == "internal"
     assert "KeyError" not in body["error"]["message"]
+
+
+def test_a_spec_error_reads_the_same_from_the_client_and_from_the_service() -> None:
+    """One formatter (stitchsim.validation): the SDK's check before sending and the gateway's
+    422 for the same spec give the same message, details and CLI line."""
+    from stitchsim import Client
+    from stitchsim.cli.exits import exit_code_for
+    from stitchsim.errors import InvalidSpec
+    from stitchsim_service.core.submit import assemble_spec
+
+    spec = {**json.loads(SPEC), "train": {"epochs": 0}, "protocols": ["telepathy"]}
+    with Client("http://127.0.0.1:9", retries=0) as client, pytest.raises(InvalidSpec) as local:
+        client.submit(spec)  # refused before any request: nothing listens on port 9
+    with pytest.raises(Failure) as refused:
+        assemble_spec(spec, {})
+    response = answer(refused.value)
+    remote = APIError.from_response(httpx.Response(response.status_code, content=response.body))
+    assert response.status_code == 422 and isinstance(remote, InvalidRequest)
+    assert str(local.value) == str(remote) == (
+        "invalid spec: protocols.0: Input should be 'standard', 'invariance_aware', "
+        "'adversarial', 'iri_adversarial' or 'cross_task'; train.epochs: Input should be "
+        "greater than or equal to 1 (invalid_spec)")
+    assert local.value.details == remote.details and len(remote.details) == 2
+    assert exit_code_for(local.value) == exit_code_for(remote) == 2

@@ -77,7 +77,10 @@ def load(client: Client, name: str, reference: str, fields: dict[str, Any],
             report, vouched = baseline_from_file(path.read_text(encoding="utf-8"), f"file {name}")
         except BaselineRefused:
             raise
-        except (ValidationError, ValueError) as exc:
+        except ValidationError as exc:
+            raise UsageError.from_validation(f"--baseline: {name} is not a stitchsim report "
+                                             "JSON", exc.errors()) from None
+        except ValueError as exc:  # not JSON at all
             raise UsageError(f"--baseline: {name} is not a stitchsim report JSON "
                              f"({str(exc).splitlines()[0]})") from None
         if not vouched:

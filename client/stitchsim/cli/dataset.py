@@ -21,10 +21,7 @@ def _options(values: dict[str, Any], where: str) -> PackOptions:
     try:
         return PackOptions.model_validate(values)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'options'}: {e['msg']}"
-            for e in exc.errors(include_url=False))
-        raise UsageError(f"{where}: {problems}") from None
+        raise UsageError.from_validation(where, exc.errors()) from None
 
 
 def cmd_dataset_pack(args: argparse.Namespace, out: TextIO) -> int:

@@ -19,15 +19,14 @@ from __future__ import annotations
 import logging
 
 from stitchsim.errors import (
-    APIError,
     AuthenticationError,
     ConnectionFailed,
     InvalidRequest,
-    JobFailed,
     NotFound,
-    UsageError,
+    StitchsimError,
     WaitTimeout,
 )
+from stitchsim.failure import Failure
 
 EXIT_PASS = 0
 EXIT_BELOW_THRESHOLD = 1
@@ -45,16 +44,22 @@ def exit_code_for(exc: BaseException) -> int:
     error-code registry (stitchsim.codes) where the code is known, else from the HTTP status."""
     if isinstance(exc, WaitTimeout):
         return EXIT_TIMEOUT
-    if isinstance(exc, UsageError):
-        return EXIT_USAGE
-    if isinstance(exc, JobFailed):
-        return EXIT_USAGE if exc.is_user_error else EXIT_SERVICE
-    if isinstance(exc, APIError) and exc.is_user_error is not None:
-        return EXIT_USAGE if exc.is_user_error else EXIT_SERVICE
+    user_fault = _user_fault(exc)
+    if user_fault is not None:
+        return EXIT_USAGE if user_fault else EXIT_SERVICE
     if isinstance(exc, InvalidRequest | AuthenticationError | NotFound):
-        return EXIT_USAGE
+        return EXIT_USAGE  # a code the registry lacks (a proxy's): the status says whose
     # Everything else, including bugs in this client, must not read as "below threshold" (1).
     return EXIT_SERVICE
+
+
+def _user_fault(exc: BaseException) -> bool | None:
+    """Whose fault by the registry; None where it cannot say (no Failure, an unknown code)."""
+    if isinstance(exc, StitchsimError):
+        return exc.is_user_error
+    if isinstance(exc, Failure) and exc.entry is not None:
+        return exc.entry.user_fault
+    return None
 
 
 def hint_for(exc: BaseException) -> str | None:

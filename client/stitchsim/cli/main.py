@@ -18,9 +18,7 @@ from stitchsim.cli.exits import (
     log,
 )
 from stitchsim.cli.parser import build_parser
-from stitchsim.errors import (
-    StitchsimError,
-)
+from stitchsim.failure import Failure
 
 
 def _setup_logging(quiet: bool) -> None:
@@ -55,8 +53,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     except KeyboardInterrupt:
         print("stitchsim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except StitchsimError as exc:
-        print(f"stitchsim: error: {exc}", file=sys.stderr)
+    except Failure as exc:  # every error of the client is one; the engine's files checks too
+        print(f"stitchsim: error: {exc.line()}", file=sys.stderr)
         hint = hint_for(exc)
         if hint:
             print(f"stitchsim: hint: {hint}", file=sys.stderr)

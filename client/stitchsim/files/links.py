@@ -1,6 +1,6 @@
 """Which files of a local folder may be read: symbolic links are followed only while they stay
-inside the folder (DESIGN §5: a cloned model repository or a dataset folder can ship a link
-to /etc/passwd or ~/.ssh, whose text would otherwise be uploaded and stored).
+inside the folder (a cloned model repository or a dataset folder can ship a link to
+/etc/passwd or ~/.ssh, whose text would otherwise be uploaded and stored; docs/client.md).
 
 The one exception is the Hugging Face cache, whose snapshot folders are made of links:
 `models--org--name/snapshots/<rev>/config.json -> ../../blobs/<hash>`. A folder inside a cache

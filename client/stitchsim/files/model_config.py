@@ -18,8 +18,6 @@ from stitchsim.jsondepth import MAX_JSON_DEPTH, nested_deeper_than
 
 CONFIG_FILE = "config.json"
 PROCESSOR_FILE = "preprocessor_config.json"
-CONFIG_FILES = (CONFIG_FILE, PROCESSOR_FILE)
-"""The files a folder's upload carries, and the metadata keys they travel under."""
 MAX_CONFIG_BYTES = 256 * 1024
 """A real config (1000 ImageNet label names included) is under 100 KB."""
 REMOTE_CODE_FIELDS = ("auto_map", "trust_remote_code", "custom_pipelines")

@@ -131,7 +131,7 @@ def _preset(field: str) -> Any:
 
 
 class IRISettings(_Strict):
-    """How IRIs are synthesised (DESIGN §1): signed-gradient steps from uniform noise.
+    """How IRIs are synthesised (docs/method.md): signed-gradient steps from uniform noise.
 
     `method` names a preset of the step fields (catalogue.IRI_METHODS): `paper` (the default)
     is the invariance-aware paper's code, 200 constant steps of 1/255 on each step's own

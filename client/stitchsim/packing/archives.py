@@ -34,11 +34,6 @@ ZIP_SUFFIXES = (".zip",)
 TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 
 
-def is_archive(path: Path) -> bool:
-    name = path.name.lower()
-    return name.endswith(ZIP_SUFFIXES + TAR_SUFFIXES)
-
-
 def hidden(rel: str) -> bool:
     """Files no dataset means: dot files and folders (.DS_Store, .ipynb_checkpoints) and the
     resource forks macOS puts into zips (__MACOSX/)."""

@@ -56,7 +56,7 @@ def read_source(path: Path, options: PackOptions, *, given: str | None = None) -
     except DatasetSourceError as exc:
         if given is not None or not (hint := detected_as(path, name)):
             raise
-        raise DatasetSourceError(f"{exc}{hint}") from None
+        raise DatasetSourceError(f"{exc.message}{hint}") from None
 
 
 def _scan(source: Path, stream: Stream) -> _Scan:

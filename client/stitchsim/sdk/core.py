@@ -199,8 +199,8 @@ class ClientCore(ABC):
         if stored.id != digest:
             raise StitchsimError(
                 f"{path}: the service stored it as {stored.id}, but its sha256 is {digest}; "
-                "the file changed during upload or the bytes were altered in transit"
-            )
+                "the file changed during upload or the bytes were altered in transit",
+                code="upload_mismatch")
         self._known[(kind, digest)] = stored
         log.info("%s: stored as %s", path, _short(stored.id))
         return stored
@@ -332,7 +332,7 @@ def _local_checkpoint(path: PathLike, tmp: Path) -> Path:
     try:
         packed = pack_model_folder(path, tmp / "model.safetensors")
     except SafetensorsError as exc:
-        raise InvalidFile(f"{path}: {exc.message}", code=exc.code) from None
+        raise InvalidFile(f"{path}: {exc.message}", code=exc.code, details=exc.details) from None
     log.info("%s: %s folder of %s (%d tensors, %d shard(s))", path,
              packed.config.layout, packed.config.arch, packed.tensors, packed.shards)
     return _check_file(packed.path, "checkpoints")
@@ -394,9 +394,7 @@ def _pack_options(options: PackOptions | Mapping[str, Any] | None) -> PackOption
     try:
         return PackOptions.model_validate(dict(options))
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}"
-                             for e in exc.errors(include_url=False))
-        raise UsageError(f"dataset options: {problems}") from None
+        raise UsageError.from_validation("dataset options", exc.errors()) from None
 
 
 def _check_file(path: Path, kind: str) -> Path:
@@ -408,7 +406,7 @@ def _check_file(path: Path, kind: str) -> Path:
         else:
             read_header(path)
     except SafetensorsError as exc:
-        raise InvalidFile(f"{path}: {exc.message}", code=exc.code) from None
+        raise InvalidFile(f"{path}: {exc.message}", code=exc.code, details=exc.details) from None
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc.strerror}") from None
     return path
@@ -418,12 +416,8 @@ def _validate_spec(payload: Mapping[str, Any]) -> Spec:
     try:
         return Spec.model_validate(payload)
     except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        lines = []
-        for e in errors:
-            loc = ".".join(str(p) for p in e["loc"])
-            lines.append(f"{loc}: {e['msg']}" if loc else e["msg"])
-        raise InvalidSpec("invalid spec: " + "; ".join(lines), errors=errors) from None
+        # The service's own words for the same spec (stitchsim.validation): one shape.
+        raise InvalidSpec.from_validation("invalid spec", exc.errors()) from None
 
 
 def _short(object_id: str) -> str:

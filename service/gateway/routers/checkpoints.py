@@ -12,9 +12,10 @@ from stitchsim.failure import Failure
 from stitchsim.files.header import Header
 from stitchsim.jsondepth import MAX_JSON_DEPTH, is_json_object_text, nested_deeper_than
 from stitchsim.models import ErrorBody, ModelRef, StitchPoints, StoredObject
+from stitchsim.validation import validation_failure
 from stitchsim_service.core import objects
 from stitchsim_service.core.context import Context
-from stitchsim_service.core.errors import NotFoundError, validation_error
+from stitchsim_service.core.errors import NotFoundError
 from stitchsim_service.core.points import stitch_points
 from stitchsim_service.gateway.deps import get_ctx, get_owner
 from stitchsim_service.gateway.edge import upload_slot
@@ -115,7 +116,7 @@ def _model_ref(checkpoint_id: str, arch: str | None, arch_kwargs: str | None,
     try:
         ModelRef.model_validate({"checkpoint": checkpoint_id, **fields})
     except ValidationError as exc:
-        raise validation_error("invalid_spec", "invalid query", list(exc.errors())) from None
+        raise validation_failure("invalid_spec", "invalid query", exc.errors()) from None
     return fields
 
 

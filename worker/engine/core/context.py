@@ -7,7 +7,7 @@ prepared job it holds are made above it and named here for their types only."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -190,10 +190,6 @@ class JobContext:
         _, g = self.networks(direction)
         j = self_point(direction, pair)[1]
         return Cut(direction, pair, g, j, g, j)
-
-    def cuts(self, direction: Direction) -> Iterator[Cut]:
-        for pair in self.prep.pairs:
-            yield self.cut(direction, pair)
 
     def identity(self, net: Network) -> dict[str, object]:
         return self.prep.ids[net.where]

@@ -45,8 +45,6 @@ class Checked:
     models' size (costs.size_factor)."""
     expected_units: int
     """The units it is expected to take (IRIs at their expected share of the cap)."""
-    activation_bytes: int
-    """One batch's activation at the largest module output of either model."""
     size_factor: float = 1.0
     """Budget units a batch of this job counts (costs.size_factor)."""
     seconds_per_unit: float | None = None
@@ -88,7 +86,7 @@ def check_spec(spec: Spec, *, resources: Resources) -> Checked:
     front = _network(spec, "front", resources, front_data or data)
     back = _network(spec, "back", resources, data)
     check_all(spec, data, front_data, {"front": front.model.output, "back": back.model.output})
-    activation = _check_activations(spec, (front, back), resources.max_activation_bytes)
+    _check_activations(spec, (front, back), resources.max_activation_bytes)
     pairs = pair_points_of(spec, front, back)
     if not pairs:
         raise Failure("unknown_layer", "no stitch points could be paired between the two models")
@@ -96,11 +94,11 @@ def check_spec(spec: Spec, *, resources: Resources) -> Checked:
     budget = _Budget.of(resources, max(front.preprocess.input_size, back.preprocess.input_size))
     sizes = Sizes(len(data.train), len(data.test), len(pairs))
     units, expected = _check_budget(spec, sizes, pairs, factor, budget)
-    return Checked(units=units, expected_units=expected, activation_bytes=activation,
-                   size_factor=factor, seconds_per_unit=budget.seconds_per_unit)
+    return Checked(units=units, expected_units=expected, size_factor=factor,
+                   seconds_per_unit=budget.seconds_per_unit)
 
 
-def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | None) -> int:
+def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | None) -> None:
     """One batch's activation at the largest module output, from the meta forward's shapes:
     a spec asking for huge inputs (input_size, img_size) or feature maps is refused before
     any worker allocates a batch of them."""
@@ -129,7 +127,6 @@ def _check_activations(spec: Spec, nets: tuple[Network, Network], limit: int | N
              "at": where, "shrink": ["input_size / arch_kwargs.img_size", "patch_size",
                                      "train.batch_size", "iri.batch_size"]},
         )
-    return need
 
 
 @dataclass(frozen=True)

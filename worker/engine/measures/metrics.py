@@ -1,4 +1,4 @@
-"""Metric definitions (DESIGN §1): the one place they are written down.
+"""Metric definitions (docs/method.md): the one place they are written down.
 
 All figures are computed on the test split from logits; uncertainty is a percentile bootstrap
 over test samples (or, with several seeds, a t-interval over seeds).

@@ -1,4 +1,4 @@
-"""Summary definitions (DESIGN §1): the one place where the similarity figure, the verdict and
+"""Summary definitions (docs/method.md): the one place where the similarity figure, the verdict and
 the drop are computed. Clients only read them from the report."""
 
 from __future__ import annotations

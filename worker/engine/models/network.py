@@ -221,9 +221,6 @@ class Network:
                 later.append(p)
         return later
 
-    def later_stages(self, point: str) -> list[str]:
-        return self.later_points(point, "stages")
-
     def rep(self, point: str) -> Rep:
         return rep_of(
             self.shapes[point],

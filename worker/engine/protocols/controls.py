@@ -1,4 +1,4 @@
-"""The controls (DESIGN §1), one registered entry each: reference runs that say how to read a
+"""The controls (docs/method.md), one registered entry each: reference runs that say how to read a
 comparison's figures (a ceiling, a floor, a shortcut probe). Each runs per direction as steps
 of the job (core/step.py: one per stitch pair, or per cue and pair), each with its work units, and
 returns rows shaped like the comparison's, with a `control` key. What a control is called and

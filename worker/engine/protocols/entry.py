@@ -1,4 +1,5 @@
-"""What a protocol is (DESIGN §1): one registered entry each, saying what the stitch is trained on.
+"""What a protocol is (docs/method.md): one registered entry each, saying what the stitch is
+trained on.
 
 An entry turns a run's training inputs into the split T is fitted on (and the figures that
 describe how it was made, such as IRI convergence), and says what that costs for the progress

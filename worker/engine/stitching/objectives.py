@@ -1,4 +1,4 @@
-"""The alignment objectives (DESIGN §1), one registered entry each.
+"""The alignment objectives (docs/method.md), one registered entry each.
 
 An entry says how T is fitted (a loss for Adam, or a closed form) and what a fit costs for the
 progress plan. What an objective is called, and its flags (which of the back model's tensors
