@@ -6,7 +6,8 @@ The contract's `Literal` types (stitchsim.models.vocabulary) are built from thes
 the spec validates against them; the view's labels, the page's plot styles, the verdict's
 protocol preference, the CLI help and the OpenAPI descriptions are read from them; the engine's
 registries attach behaviour to the same names, and a test holds the two 1 : 1. Adding an
-objective, a protocol or a measure is its entry here plus its entry in the engine.
+objective, a protocol, a measure or a row figure is its entry here plus its entry in the
+engine.
 
 Standard library only: the client, the gateway (no torch) and the engine all import it.
 """
