@@ -92,17 +92,18 @@ def unstitched_lines(report: Report) -> list[str]:
 
 
 def controls_lines(report: Report) -> list[str]:
+    columns = view.figure_columns(report.controls)
     headers = ["control", "sigma", "direction", "stitch: from -> into", "objective", "protocol",
-               "agreement [CI]", "hard agr", "accuracy", "excess agr"]
+               *_figure_headers(columns), "excess agr"]
     rows = [
         [(c.control or "") + (f":{c.cue}" if c.cue else ""),
          f"{c.sigma:g}" if c.sigma is not None else "",
          DIRECTION_ASCII[c.direction], _layers(c), c.objective, c.protocol,
-         _with_ci(c.agreement, c.agreement_ci), fmt(c.hard_agreement), fmt(c.accuracy),
+         *_figure_cells(c, columns),
          fmt(c.excessive_agreement) if c.excessive_agreement is not None else ""]
         for c in report.controls
     ]
-    return _align(headers, rows, numeric={1, 6, 7, 8, 9})
+    return _align(headers, rows, numeric={1, *range(6, len(headers))})
 
 
 def measures_lines(report: Report) -> list[str]:

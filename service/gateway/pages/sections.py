@@ -247,14 +247,13 @@ def controls_section(report: Report) -> str:
             f'<code>"controls": {esc(bands)}</code> to the spec to draw the '
             "ceiling and the floor.</p></section>"
         )
+    columns = view.figure_columns(report.controls)
     cols = [Col("control"), Col("σ", True), Col("direction"), Col("stitch point"),
-            Col("objective"), Col("protocol"), Col("agreement", True), Col("CI", True),
-            Col("hard agr.", True), Col("accuracy", True), Col("excess agr.", True)]
+            Col("objective"), Col("protocol"), *_figure_cols(columns), Col("excess agr.", True)]
     rows = [
         [esc(view.control_name(c)),
          f"{c.sigma:g}" if c.sigma is not None else "", DIRECTION_LABEL[c.direction],
-         stitch_cell(c), c.objective, PROTOCOLS.label(c.protocol), fmt(c.agreement),
-         fmt_ci(c.agreement_ci), fmt(c.hard_agreement), fmt(c.accuracy),
+         stitch_cell(c), c.objective, PROTOCOLS.label(c.protocol), *_figure_cells(c, columns),
          fmt(c.excessive_agreement) if c.excessive_agreement is not None else ""]
         for c in report.controls
     ]
