@@ -41,7 +41,7 @@ def main() -> None:
     print(f"job: {time.perf_counter() - t0:.0f} s")
     for r in [*report.results, *report.controls]:
         print(f"{r.control or r.protocol:16s} {r.objective:4s} agreement {r.agreement:.3f} "
-              f"{r.agreement_ci}  PSNR {r.psnr:.1f} dB  retrieval {r.hard_agreement:.3f}")
+              f"{r.agreement_ci}  PSNR {r.value('psnr'):.1f} dB  retrieval {r.hard_agreement:.3f}")
     for note in report.notes:
         print("note:", note)
     (args.out / "report.json").write_text(report.model_dump_json(indent=1))

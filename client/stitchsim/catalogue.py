@@ -6,7 +6,8 @@ The contract's `Literal` types (stitchsim.models.vocabulary) are built from thes
 the spec validates against them; the view's labels, the page's plot styles, the verdict's
 protocol preference, the CLI help and the OpenAPI descriptions are read from them; the engine's
 registries attach behaviour to the same names, and a test holds the two 1 : 1. Adding an
-objective, a protocol or a measure is its entry here plus its entry in the engine.
+objective, a protocol, a measure or a row figure is its entry here plus its entry in the
+engine.
 
 Standard library only: the client, the gateway (no torch) and the engine all import it.
 """
@@ -44,6 +45,7 @@ from stitchsim.entries import (
     PlotStyle as PlotStyle,
     ProtocolEntry as ProtocolEntry,
     ReferenceEntry as ReferenceEntry,
+    RowFigureEntry as RowFigureEntry,
 )
 
 OBJECTIVES: Kind[ObjectiveEntry] = Kind("objective", (
@@ -158,23 +160,38 @@ MEASURES: Kind[MeasureEntry] = Kind("measure", (
         "representations have in common", style=PlotStyle(GREEN, "--", "s")),
 ))
 
-ROW_FIGURES: Kind[Entry] = Kind("row figure", (
-    Entry("agreement", "agreement", "soft agreement of the stitched model with the model it "
-          "ends in: <p_h, p_g> / max(|p_h|^2, |p_g|^2) of the softmaxes, 1 iff they match "
-          "(the paper's agreement_prob)"),
-    Entry("hard_agreement", "hard agreement (same class)", "the share of test samples on "
-          "which both models predict the same class"),
-    Entry("correct_agreement", "correct agreement (both right or both wrong)", "the share of "
-          "test samples on which both models are right or both are wrong, whatever class "
-          "each wrong one picks (the paper's hard_agreement, agreement_ratio)"),
-    Entry("accuracy", "accuracy", "the stitched model's accuracy on the test split"),
-    Entry("error_consistency", "Cohen's kappa (error consistency)", "kappa of 'h is right' "
-          "against 'g is right': correct agreement corrected for what two independent models "
-          "of these accuracies reach (the paper's hard_k_consistency)"),
-    Entry("soft_kappa", "soft kappa", "soft error consistency: kappa of the soft agreement "
-          "against a b + (1 - a)(1 - b) / (K - 1), a and b the models' mean softmax probability "
-          "of the true class (the paper's soft_k_consistency)"),
+ROW_FIGURES: Kind[RowFigureEntry] = Kind("row figure", (
+    RowFigureEntry(
+        "agreement", "agreement", "soft agreement of the stitched model with the model it "
+        "ends in: <p_h, p_g> / max(|p_h|^2, |p_g|^2) of the softmaxes, 1 iff they match "
+        "(the paper's agreement_prob); for outputs without classes, the output kind's "
+        "agreement", column="agreement", interval_shown=True),
+    RowFigureEntry(
+        "hard_agreement", "hard agreement (same class)", "the share of test samples on which "
+        "both models predict the same class; for outputs without classes, retrieval "
+        "agreement", column="hard agr"),
+    RowFigureEntry(
+        "correct_agreement", "correct agreement (both right or both wrong)", "the share of "
+        "test samples on which both models are right or both are wrong, whatever class each "
+        "wrong one picks (the paper's hard_agreement, agreement_ratio)", column="both r/w"),
+    RowFigureEntry("accuracy", "accuracy", "the stitched model's accuracy on the test split",
+                   column="accuracy"),
+    RowFigureEntry(
+        "error_consistency", "Cohen's kappa (error consistency)", "kappa of 'h is right' "
+        "against 'g is right': correct agreement corrected for what two independent models "
+        "of these accuracies reach (the paper's hard_k_consistency)", column="kappa"),
+    RowFigureEntry(
+        "soft_kappa", "soft kappa", "soft error consistency: kappa of the soft agreement "
+        "against a b + (1 - a)(1 - b) / (K - 1), a and b the models' mean softmax probability "
+        "of the true class (the paper's soft_k_consistency)", column="soft kappa"),
+    RowFigureEntry(
+        "psnr", "PSNR", "image outputs: the mean peak signal-to-noise ratio of the stitched "
+        "model's output against the back model's, peak = the back model's output range "
+        "(capped at 100 dB for an exact copy)", column="PSNR dB", digits=1, unit="dB",
+        classes=False),
 ))
+"""Every figure a result row may carry, in the order tables show them: a new figure is its
+entry here and its statistic in the engine (stitchsim_worker.engine.measures.metrics)."""
 
 UNSTITCHED = ReferenceEntry(
     "unstitched_agreement", "no stitch (whole models)", "the model in front position against "

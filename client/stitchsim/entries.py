@@ -117,6 +117,24 @@ class MeasureEntry(Entry):
 
 
 @dataclass(frozen=True)
+class RowFigureEntry(Entry):
+    """A figure every result row (and the no-stitch endpoint) may carry, with its interval."""
+
+    column: str = ""
+    """Its column header in tables (the terminal's, the page's): short, ASCII."""
+    digits: int = 3
+    """Decimal places it is written with."""
+    unit: str = ""
+    higher_is_better: bool = True
+    """Higher means the stitched model behaves more like the model it ends in."""
+    interval_shown: bool = False
+    """Tables show its interval beside it (the headline figure); the JSON has every one's."""
+    classes: bool = True
+    """Scored from class outputs (logits) by the engine's figure registry; False: an output
+    kind without classes scores it itself (psnr: images)."""
+
+
+@dataclass(frozen=True)
 class MeasureInputEntry(Entry):
     style: PlotStyle = PlotStyle(BLUE)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from stitchsim import view
 from stitchsim.errors import MissingExtra
-from stitchsim.models import JobStatus, Report
+from stitchsim.models import FigureRow, JobStatus, Report
 
 if TYPE_CHECKING:
     import pandas
@@ -29,7 +29,16 @@ def report_records(report: Report, table: str = "results") -> list[dict[str, Any
         rows = report.summary.rows
     else:
         raise ValueError(f"table: one of {', '.join(TABLES)}, not {table!r}")
-    return [_flat(r.model_dump(mode="json")) for r in rows]
+    return [_record(r) for r in rows]
+
+
+def _record(row: Any) -> dict[str, Any]:
+    """A row's fields, nested ones flattened; a result row's figures as the view flattens
+    them (the read-only format-1 fields restate figures, so they stay out)."""
+    if not isinstance(row, FigureRow):
+        return _flat(row.model_dump(mode="json"))
+    fields = row.model_dump(mode="json", exclude={"figures", *type(row).model_computed_fields})
+    return {**_flat(fields), **view.figure_records(row)}
 
 
 def report_frame(report: Report, table: str = "results") -> pandas.DataFrame:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
 
-from stitchsim import view
+from stitchsim import catalogue, view
 from stitchsim.gates import Outcome
-from stitchsim.models import Report
+from stitchsim.models import FigureRow, Report
 from stitchsim.view import ComparedFigure, compared_figures
 
 __all__ = ["compared_figures", "error_to_junit", "report_to_junit"]
@@ -171,17 +171,20 @@ def _breakdown(report: Report, fig: ComparedFigure) -> str:
         for row in report.summary.rows
         if (row.protocol, row.direction) == (fig.protocol, fig.direction)
     ]
+    columns = view.figure_columns(fig.rows)
     for p in fig.rows:
-        lo, hi = p.agreement_ci
-        lines.append(
-            f"{p.objective} {p.front_layer} -> {p.back_layer}: agreement {p.agreement:.4f} "
-            f"[{lo:.4f}, {hi:.4f}], hard agreement {p.hard_agreement:.4f}"
-            + (f", accuracy {p.accuracy:.4f}" if p.accuracy is not None else "")
-            + (f", stitching penalty {p.stitching_penalty:+.4f}"
-               if p.stitching_penalty is not None else "")
-            + (f", PSNR {p.psnr:.2f} dB" if p.psnr is not None else "")
-        )
+        figures = ", ".join(_figure(p, c) for c in columns if p.value(c.name) is not None)
+        penalty = p.stitching_penalty
+        lines.append(f"{p.objective} {p.front_layer} -> {p.back_layer}: {figures}"
+                     + (f", stitching penalty {penalty:+.4f}" if penalty is not None else ""))
     return "\n".join(lines)
+
+
+def _figure(row: FigureRow, column: catalogue.RowFigureEntry) -> str:
+    """"agreement 0.6000 [0.5500, 0.6500]": four places, the interval where tables show it."""
+    value, ci = row.value(column.name), row.interval(column.name)
+    text = f"{column.label} {value:.4f}" + (f" {column.unit}" if column.unit else "")
+    return text + (f" [{ci[0]:.4f}, {ci[1]:.4f}]" if column.interval_shown and ci else "")
 
 
 def _serialise(root: ET.Element) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from stitchsim import catalogue, view
-from stitchsim.models import Report, ResultRow
+from stitchsim.models import FigureRow, Report, ResultRow
 from stitchsim.view import DIRECTION_ASCII, fmt, fmt_signed
 
 MAX_NAME = 40
@@ -57,48 +57,53 @@ def _layers(row: ResultRow) -> str:
     return f"{_clean(source)} -> {_clean(target)}"  # each name cleaned and cut on its own
 
 
+def _figure_headers(columns: Sequence[catalogue.RowFigureEntry]) -> list[str]:
+    return [view.figure_header(c) + (" [CI]" if c.interval_shown else "") for c in columns]
+
+
+def _figure_cells(row: FigureRow, columns: Sequence[catalogue.RowFigureEntry]) -> list[str]:
+    return [_with_ci(row.value(c.name), row.interval(c.name)) if c.interval_shown
+            else view.figure_text(row, c) for c in columns]
+
+
 def results_lines(report: Report) -> list[str]:
-    headers = ["direction", "stitch: from -> into", "objective", "protocol", "agreement [CI]",
-               "hard agr", "both r/w", "accuracy", "penalty", "kappa", "soft kappa"]
+    columns = view.figure_columns(report.results)
+    headers = ["direction", "stitch: from -> into", "objective", "protocol",
+               *_figure_headers(columns), "penalty"]
     robust = view.has_robust(report)
     rows = [
         [DIRECTION_ASCII[r.direction], _layers(r), r.objective, view.protocol_name(r),
-         _with_ci(r.agreement, r.agreement_ci), fmt(r.hard_agreement),
-         fmt(r.correct_agreement), fmt(r.accuracy), fmt_signed(r.stitching_penalty),
-         fmt(r.error_consistency), fmt(r.soft_kappa),
+         *_figure_cells(r, columns), fmt_signed(r.stitching_penalty),
          *([view.robust_agreement(r), view.transfer_rate(r)] if robust else [])]
         for r in view.ordered(report.results)
     ]
-    lines = _align(headers + (["robust agr", "transfer"] if robust else []), rows,
-                   numeric=set(range(4, 14)))
+    headers += ["robust agr", "transfer"] if robust else []
+    lines = _align(headers, rows, numeric=set(range(4, len(headers))))
     return [*lines, view.robust_caption(report)] if robust else lines
 
 
 def unstitched_lines(report: Report) -> list[str]:
     """The endpoint: the two whole models against each other, no stitch."""
-    headers = ["direction", "agreement [CI]", "hard agr", "both r/w", "kappa", "soft kappa",
-               "accuracy"]
-    rows = [
-        [DIRECTION_ASCII[u.direction], _with_ci(u.agreement, u.agreement_ci),
-         fmt(u.hard_agreement), fmt(u.correct_agreement), fmt(u.error_consistency),
-         fmt(u.soft_kappa), fmt(u.accuracy)]
-        for u in report.unstitched_agreement
-    ]
-    return _align(headers, rows, numeric=set(range(1, 7)))
+    columns = view.figure_columns(report.unstitched_agreement)
+    headers = ["direction", *_figure_headers(columns)]
+    rows = [[DIRECTION_ASCII[u.direction], *_figure_cells(u, columns)]
+            for u in report.unstitched_agreement]
+    return _align(headers, rows, numeric=set(range(1, len(headers))))
 
 
 def controls_lines(report: Report) -> list[str]:
+    columns = view.figure_columns(report.controls)
     headers = ["control", "sigma", "direction", "stitch: from -> into", "objective", "protocol",
-               "agreement [CI]", "hard agr", "accuracy", "excess agr"]
+               *_figure_headers(columns), "excess agr"]
     rows = [
         [(c.control or "") + (f":{c.cue}" if c.cue else ""),
          f"{c.sigma:g}" if c.sigma is not None else "",
          DIRECTION_ASCII[c.direction], _layers(c), c.objective, c.protocol,
-         _with_ci(c.agreement, c.agreement_ci), fmt(c.hard_agreement), fmt(c.accuracy),
+         *_figure_cells(c, columns),
          fmt(c.excessive_agreement) if c.excessive_agreement is not None else ""]
         for c in report.controls
     ]
-    return _align(headers, rows, numeric={1, 6, 7, 8, 9})
+    return _align(headers, rows, numeric={1, *range(6, len(headers))})
 
 
 def measures_lines(report: Report) -> list[str]:

@@ -19,6 +19,7 @@ from stitchsim.models import (
     DIRECTIONS,
     Direction,
     DropRow,
+    FigureRow,
     Measure,
     MeasureRow,
     MeasureSummaryRow,
@@ -58,15 +59,6 @@ def has_robust(report: Report) -> bool:
 def unstitched(report: Report, direction: Direction) -> UnstitchedRow | None:
     """The endpoint of a direction: the two whole models against each other, no stitch."""
     return next((u for u in report.unstitched_agreement if u.direction == direction), None)
-
-
-AGREEMENT_NAMES = (
-    "Two agreements are reported. Hard agreement (same class): both models predict the same "
-    "class. Correct agreement (both right or both wrong): what the invariance-aware paper's "
-    "code calls hard_agreement; two models wrong with different classes count as agreeing. "
-    "Error κ is Cohen's kappa of being right (correct agreement corrected for chance); soft κ "
-    "is the paper's soft kappa of the soft agreement."
-)
 
 
 def robust_agreement(row: ResultRow) -> str:
@@ -117,6 +109,40 @@ def fmt_ci(ci: Sequence[float] | None, digits: int = 3) -> str:
 
 def fmt_triple(values: Sequence[float]) -> str:
     return "(" + ", ".join(f"{v:.3g}" for v in values) + ")"
+
+
+# ------------------------------------------------------------------ row figures
+
+
+def figure_columns(rows: Iterable[FigureRow]) -> list[catalogue.RowFigureEntry]:
+    """One column per figure some of the rows carry, in catalogue order (ROW_FIGURES); a
+    figure of a newer service that this client does not know comes last, under its name."""
+    carried = catalogue.ROW_FIGURES.ordered(name for row in rows for name in row.figures)
+    return [catalogue.ROW_FIGURES.get(name) or catalogue.RowFigureEntry(
+        name, name, "a figure this client does not know", column=name) for name in carried]
+
+
+def figure_header(column: catalogue.RowFigureEntry) -> str:
+    return column.column or column.label
+
+
+def figure_text(row: FigureRow, column: catalogue.RowFigureEntry) -> str:
+    """The row's figure in its column's digits; "n/a" where the row does not carry it."""
+    return fmt(row.value(column.name), column.digits)
+
+
+def figure_glossary(columns: Sequence[catalogue.RowFigureEntry]) -> str:
+    """What each column means, in the catalogue's words: "hard agr: the share of ...; ..."."""
+    return "; ".join(f"{figure_header(c)}: {c.description}" for c in columns) + "."
+
+
+def figure_records(row: FigureRow) -> dict[str, float | None]:
+    """The row's figures as flat columns: name, name_ci_low, name_ci_high (a data frame's)."""
+    out: dict[str, float | None] = {}
+    for name, figure in row.figures.items():
+        low, high = figure.ci if figure.ci is not None else (None, None)
+        out.update({name: figure.value, f"{name}_ci_low": low, f"{name}_ci_high": high})
+    return out
 
 
 # ------------------------------------------------------------------ what the report holds, in order
@@ -256,10 +282,6 @@ def agreement_name(report: Report) -> str:
     if len(kinds) == 1 and kinds[0] is not None and not kinds[0].classes:
         return kinds[0].agreement
     return "agreement"
-
-
-def has_psnr(report: Report) -> bool:
-    return any(r.psnr is not None for r in [*report.results, *report.controls])
 
 
 def output_readings(report: Report) -> list[str]:

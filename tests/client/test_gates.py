@@ -24,7 +24,7 @@ from stitchsim.gates import (
 )
 from stitchsim.markdown import MARKER, outcome_markdown
 from stitchsim.method import method_settings
-from stitchsim.models import IRIStats, MethodRecord, Report, Spec
+from stitchsim.models import Figure, IRIStats, MethodRecord, Report, ResultRow, Spec
 from stitchsim.models.spec import thin_points
 from stitchsim.sdk import file_sha256
 from stitchsim_worker.engine.core.method import METHOD_VERSION, method_record
@@ -259,15 +259,20 @@ def test_max_drop_auto_is_k_times_the_baselines_own_interval() -> None:
     assert evaluate(outside, baseline, GateOptions(max_drop=AUTO)).status == "fail"
     # The spread is the baseline's, not the candidate's: a noisy candidate does not widen it.
     wide = outside.model_copy(update={"results": [
-        r.model_copy(update={"agreement_ci": (0.0, 1.0)}) for r in outside.results]})
+        _widened(r) for r in outside.results]})
     assert evaluate(wide, baseline, GateOptions(max_drop=AUTO)).status == "fail"
+
+
+def _widened(row: ResultRow) -> ResultRow:
+    """The row with its agreement's interval widened to [0, 1]."""
+    wide = Figure(value=row.agreement, ci=(0.0, 1.0))
+    return row.model_copy(update={"figures": {**row.figures, "agreement": wide}})
 
 
 def test_the_spread_reads_the_rows_the_similarity_averages() -> None:
     made = report(0.9)
     # Widen the standard rows only: the similarity reads the invariance-aware ones.
-    rows = [r.model_copy(update={"agreement_ci": (0.0, 1.0)}) if r.protocol == "standard"
-            else r for r in made.results]
+    rows = [_widened(r) if r.protocol == "standard" else r for r in made.results]
     assert similarity_spread(made.model_copy(update={"results": rows})) == pytest.approx(0.01)
     empty = made.model_copy(update={"results": []})
     assert similarity_spread(empty) is None

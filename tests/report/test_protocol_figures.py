@@ -5,7 +5,7 @@ cue, the excessive agreement's maximum over stitch points, and the report's note
 
 from __future__ import annotations
 
-from stitchsim.models import ExcessRow, Report, RobustStats
+from stitchsim.models import ExcessRow, Figure, Report, RobustStats
 from stitchsim.table import format_table
 from stitchsim_service.gateway.pages import render_report_page
 
@@ -21,7 +21,8 @@ def _report() -> Report:
     report = make_sample_report()
     first = report.results[0]
     adversarial = first.model_copy(update={
-        "protocol": "adversarial", "agreement": 0.91, "alpha": 1.0,
+        "protocol": "adversarial", "alpha": 1.0,
+        "figures": {**first.figures, "agreement": Figure(value=0.91, ci=(0.88, 0.94))},
         "robust": RobustStats(agreement=0.137, agreement_ci=(0.1, 0.17), hard_agreement=0.2,
                               accuracy=0.05, back_accuracy=0.96, epsilon=8 / 255, steps=20,
                               attack="autoattack_paper", step_size=2 / 255, success_rate=0.94,

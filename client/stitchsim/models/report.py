@@ -6,7 +6,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field, model_validator
 
 from stitchsim.models.spec import (
     IRISettings,
@@ -94,40 +94,109 @@ class ImageGrid(BaseModel):
     png: str = Field(max_length=400_000, description="base64 of the PNG")
 
 
-class ResultRow(BaseModel):
+class Figure(BaseModel):
+    """One figure of a row: its value and its 95% interval (a bootstrap over the test
+    samples, or a t-interval over seeds)."""
+
+    value: float
+    ci: tuple[float, float] | None = None
+
+
+FORMAT_1_FIGURES = ("agreement", "hard_agreement", "correct_agreement", "accuracy",
+                    "error_consistency", "soft_kappa", "psnr")
+"""The figures a report of format 1 wrote as flat fields (`name`, `name_ci`); a row read from
+one lifts them into `figures`. Frozen: a figure added since lives in `figures` only."""
+
+
+def _lift_flat_figures(data: Any) -> Any:
+    """A format-1 row's flat figures as `figures` (a row that has `figures` keeps its own)."""
+    if not isinstance(data, dict) or "figures" in data:
+        return data
+    data = dict(data)
+    figures = {}
+    for name in FORMAT_1_FIGURES:
+        value, ci = data.pop(name, None), data.pop(f"{name}_ci", None)
+        if value is not None:
+            figures[name] = Figure(value=value, ci=ci)
+    return {**data, "figures": figures}
+
+
+class FigureRow(BaseModel):
+    """A row's figures by catalogue name (stitchsim.catalogue.ROW_FIGURES), each with its
+    interval; a figure the row's output kind does not score is absent. The read-only fields
+    below restate the figures that readers of format 1 require, so a client of that format
+    reads these reports too; the engine and the view read `figures`."""
+
+    figures: dict[str, Figure] = Field(
+        description="row figure (catalogue ROW_FIGURES name) -> value and 95% interval; "
+        "absent: the back model's output kind does not score it")
+
+    _lift = model_validator(mode="before")(_lift_flat_figures)
+
+    def value(self, name: str) -> float | None:
+        figure = self.figures.get(name)
+        return None if figure is None else figure.value
+
+    def interval(self, name: str) -> tuple[float, float] | None:
+        figure = self.figures.get(name)
+        return None if figure is None else figure.ci
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def agreement(self) -> float:
+        return self.figures["agreement"].value
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def agreement_ci(self) -> tuple[float, float] | None:
+        return self.interval("agreement")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def hard_agreement(self) -> float | None:
+        return self.value("hard_agreement")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def hard_agreement_ci(self) -> tuple[float, float] | None:
+        return self.interval("hard_agreement")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def accuracy(self) -> float | None:
+        return self.value("accuracy")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def accuracy_ci(self) -> tuple[float, float] | None:
+        return self.interval("accuracy")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def error_consistency(self) -> float | None:
+        return self.value("error_consistency")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def error_consistency_ci(self) -> tuple[float, float] | None:
+        return self.interval("error_consistency")
+
+
+class ResultRow(FigureRow):
     direction: Direction
     front_layer: str
     back_layer: str
     objective: Objective
     protocol: Protocol
-    agreement: float
-    agreement_ci: tuple[float, float]
-    hard_agreement: float
-    hard_agreement_ci: tuple[float, float]
-    accuracy: float | None = Field(
-        description="the stitched model's accuracy; null when the back model's output kind "
-        "has no classes (an embedding, an image)")
-    accuracy_ci: tuple[float, float] | None
-    stitching_penalty: float | None
-    error_consistency: float | None
-    error_consistency_ci: tuple[float, float] | None
+    stitching_penalty: float | None = Field(
+        description="the back model's accuracy minus the stitched model's; null without "
+        "classes")
     output: OutputKind = Field(
-        default="logits", description="the back model's output kind: what agreement and "
-        "hard_agreement measure (catalogue OUTPUT_KINDS)")
-    psnr: float | None = Field(
-        default=None, description="image outputs: mean PSNR (dB) of the stitched model's "
-        "output against the back model's, peak = the back model's output range")
-    psnr_ci: tuple[float, float] | None = None
+        default="logits", description="the back model's output kind: which figures the row "
+        "has and what agreement and hard_agreement measure (catalogue OUTPUT_KINDS)")
     grid: ImageGrid | None = Field(
         default=None, description="image outputs: test inputs, the back model's outputs and "
         "the stitched model's, side by side (the first objective of each stitch and protocol)")
-    correct_agreement: float | None = Field(
-        default=None, description="both right or both wrong (the paper's hard_agreement); "
-        "hard_agreement here is the same predicted class")
-    correct_agreement_ci: tuple[float, float] | None = None
-    soft_kappa: float | None = Field(
-        default=None, description="soft error consistency (the paper's soft kappa)")
-    soft_kappa_ci: tuple[float, float] | None = None
     train_loss: float
     seconds: float
     iri: IRIStats | None = None
@@ -145,28 +214,16 @@ class ResultRow(BaseModel):
         "that was attacked (adversarial.alphas runs several; 0 is the clean arm)")
 
 
-class UnstitchedRow(BaseModel):
+class UnstitchedRow(FigureRow):
     """The model in front position against the model the stitched network ends in, whole and
     with no stitch, on the same test split and in the same figures as the rows: the endpoint
     of every agreement-versus-depth curve (the paper's plots end in it). A stitch that agrees
-    with the end model far above it took more than the front model's own function."""
+    with the end model far above it took more than the front model's own function; its
+    accuracy figure is the front-position model's."""
 
     direction: Direction
     output: OutputKind = Field(default="logits", description="the end model's output kind: "
-                               "what agreement and hard_agreement measure")
-    agreement: float
-    agreement_ci: tuple[float, float] = Field(description="95% bootstrap interval over samples")
-    hard_agreement: float
-    hard_agreement_ci: tuple[float, float]
-    # Figures of classes: null for an output kind without them (an embedding, an image).
-    correct_agreement: float | None = None
-    correct_agreement_ci: tuple[float, float] | None = None
-    error_consistency: float | None = None
-    error_consistency_ci: tuple[float, float] | None = None
-    soft_kappa: float | None = None
-    soft_kappa_ci: tuple[float, float] | None = None
-    accuracy: float | None = Field(default=None,
-                                   description="the front-position model's accuracy")
+                               "which figures the row has")
     samples: int
 
 

@@ -16,10 +16,11 @@ _TILE_SCALE = 2  # 32 px samples are drawn twice their size, pixels kept sharp
 def _grid(row: ResultRow, k: int) -> str:
     grid = row.grid
     assert grid is not None
+    psnr = row.value("psnr")
     caption = (f"{esc(DIRECTION_LABEL[row.direction])}, {stitch_cell(row)}, "
                f"{esc(catalogue.PROTOCOLS.label(row.protocol))}, {esc(row.objective)}: "
                f"agreement {fmt(row.agreement)}"
-               + (f", PSNR {fmt(row.psnr, 1)} dB" if row.psnr is not None else ""))
+               + (f", PSNR {fmt(psnr, 1)} dB" if psnr is not None else ""))
     rows = "".join(f"<li>{esc(label)}</li>" for label in grid.labels)
     return (
         f'<figure class="grid" id="grid-{k}">'

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stitchsim import catalogue, view
-from stitchsim.models import ModelSummary, Report, ResultRow
+from stitchsim.models import FigureRow, ModelSummary, Report, ResultRow
 from stitchsim.view import (
     DIRECTION_LABEL,
     PREPROCESS_SOURCE_LABEL,
@@ -209,20 +209,31 @@ def agreement_section(report: Report, plots: Sequence[Plot]) -> str:
             f"{_unstitched_table(report)}</section>")
 
 
+def _figure_cols(columns: Sequence[catalogue.RowFigureEntry]) -> list[Col]:
+    """A column per figure; the one whose interval is shown is followed by it."""
+    cols = []
+    for c in columns:
+        cols += [Col(view.figure_header(c), True), *([Col("CI", True)] if c.interval_shown
+                                                      else [])]
+    return cols
+
+
+def _figure_cells(row: FigureRow, columns: Sequence[catalogue.RowFigureEntry]) -> list[str]:
+    cells = []
+    for c in columns:
+        cells += [view.figure_text(row, c),
+                  *([fmt_ci(row.interval(c.name))] if c.interval_shown else [])]
+    return cells
+
+
 def _unstitched_table(report: Report) -> str:
     """The endpoint in every figure the rows carry, per direction."""
     if not report.unstitched_agreement:
         return ""
-    cols = [Col("direction"), Col("agreement", True), Col("CI", True),
-            Col("hard agr. (same class)", True), Col("both right/wrong", True),
-            Col("error κ", True), Col("soft κ", True), Col("front-position accuracy", True),
-            Col("samples", True)]
-    rows = [
-        [DIRECTION_LABEL[u.direction], fmt(u.agreement), fmt_ci(u.agreement_ci),
-         fmt(u.hard_agreement), fmt(u.correct_agreement), fmt(u.error_consistency),
-         fmt(u.soft_kappa), fmt(u.accuracy), str(u.samples)]
-        for u in report.unstitched_agreement
-    ]
+    columns = view.figure_columns(report.unstitched_agreement)
+    cols = [Col("direction"), *_figure_cols(columns), Col("samples", True)]
+    rows = [[DIRECTION_LABEL[u.direction], *_figure_cells(u, columns), str(u.samples)]
+            for u in report.unstitched_agreement]
     return (f"<p>{esc(catalogue.UNSTITCHED.label.capitalize())}: "
             f"{esc(catalogue.UNSTITCHED.description)}.</p>"
             + table(cols, rows, "unstitched-table"))
@@ -236,14 +247,13 @@ def controls_section(report: Report) -> str:
             f'<code>"controls": {esc(bands)}</code> to the spec to draw the '
             "ceiling and the floor.</p></section>"
         )
+    columns = view.figure_columns(report.controls)
     cols = [Col("control"), Col("σ", True), Col("direction"), Col("stitch point"),
-            Col("objective"), Col("protocol"), Col("agreement", True), Col("CI", True),
-            Col("hard agr.", True), Col("accuracy", True), Col("excess agr.", True)]
+            Col("objective"), Col("protocol"), *_figure_cols(columns), Col("excess agr.", True)]
     rows = [
         [esc(view.control_name(c)),
          f"{c.sigma:g}" if c.sigma is not None else "", DIRECTION_LABEL[c.direction],
-         stitch_cell(c), c.objective, PROTOCOLS.label(c.protocol), fmt(c.agreement),
-         fmt_ci(c.agreement_ci), fmt(c.hard_agreement), fmt(c.accuracy),
+         stitch_cell(c), c.objective, PROTOCOLS.label(c.protocol), *_figure_cells(c, columns),
          fmt(c.excessive_agreement) if c.excessive_agreement is not None else ""]
         for c in report.controls
     ]
@@ -324,19 +334,13 @@ def _protocol_cell(r: ResultRow) -> str:
 
 
 def results_section(report: Report) -> str:
-    cols = [Col("direction"), Col("stitch point"), Col("objective"),
-            Col("protocol"), Col("agreement", True), Col("CI", True), Col("hard agr.", True),
-            Col("both right/wrong", True), Col("drop", True), Col("accuracy", True),
-            Col("penalty", True), Col("error κ", True), Col("soft κ", True),
+    columns = view.figure_columns(report.results)
+    robust = view.has_robust(report)
+    cols = [Col("direction"), Col("stitch point"), Col("objective"), Col("protocol"),
+            *_figure_cols(columns), Col("drop", True), Col("penalty", True),
+            *([Col("robust agr.", True), Col("transfer", True)] if robust else []),
             Col("train loss", True), Col("seconds", True), Col("stitch")]
     drops = view.point_drops(report)
-    robust = view.has_robust(report)
-    if robust:
-        cols[9:9] = [Col("robust agr.", True), Col("transfer", True)]
-    psnr = view.has_psnr(report)
-    if psnr:
-        cols.insert(cols.index(Col("accuracy", True)), Col("PSNR dB", True))
-
     iri = catalogue.drop_protocols()[1]
 
     def drop(r: ResultRow) -> str:
@@ -345,13 +349,10 @@ def results_section(report: Report) -> str:
         return fmt(value) if value is not None and r.protocol == iri else ""
 
     rows = [
-        [DIRECTION_LABEL[r.direction], stitch_cell(r), r.objective,
-         _protocol_cell(r), fmt(r.agreement), fmt_ci(r.agreement_ci),
-         fmt(r.hard_agreement), fmt(r.correct_agreement), drop(r),
+        [DIRECTION_LABEL[r.direction], stitch_cell(r), r.objective, _protocol_cell(r),
+         *_figure_cells(r, columns), drop(r), fmt_signed(r.stitching_penalty),
          *([view.robust_agreement(r), view.transfer_rate(r)] if robust else []),
-         *([fmt(r.psnr, 1)] if psnr else []), fmt(r.accuracy), fmt_signed(r.stitching_penalty),
-         fmt(r.error_consistency), fmt(r.soft_kappa), fmt(r.train_loss, 4),
-         fmt(r.seconds, 1), esc(r.stitch)]
+         fmt(r.train_loss, 4), fmt(r.seconds, 1), esc(r.stitch)]
         for r in report.results
     ]
     return (
@@ -361,7 +362,7 @@ def results_section(report: Report) -> str:
         "direction, a back-model layer into a front-model layer). Drop: standard minus "
         "invariance-aware agreement at that point. Penalty: the receiving "
         "model's accuracy minus the stitched model's. "
-        + esc(view.AGREEMENT_NAMES)
+        + esc(view.figure_glossary(columns))
         + (" " + esc(view.robust_caption(report)).replace("robust agr:", "Robust agr.:")
            .replace("; transfer:", ". Transfer:") + "."
            if robust else "")

@@ -27,11 +27,6 @@ def unstitched_rows(ctx: JobContext) -> list[UnstitchedRow]:
         if h_logits.shape != g_logits.shape:
             return []
         scored = OUTPUTS[g.output].score(h_logits, g_logits, labels, seed)
-        figures = {name: scored.values.get(name) for name in (
-            "agreement", "hard_agreement", "correct_agreement", "error_consistency",
-            "soft_kappa")}
-        rows.append(UnstitchedRow(
-            direction=direction, output=g.output, accuracy=scored.values.get("accuracy"),
-            samples=len(h_logits), **figures, **{f"{k}_ci": scored.ci.get(k) for k in figures},
-        ))
+        rows.append(UnstitchedRow(direction=direction, output=g.output,
+                                  figures=scored.figures(), samples=len(h_logits)))
     return rows

@@ -116,8 +116,10 @@ class FigureEntry:
 
 
 FIGURES: Registry[FigureEntry] = Registry("row figure")
-"""Every figure of a result row, under its catalogue name (stitchsim.catalogue.ROW_FIGURES),
-in catalogue order; a row carries each with its interval."""
+"""Every figure of a result row scored from class outputs, under its catalogue name
+(stitchsim.catalogue.ROW_FIGURES, the entries with `classes`), in catalogue order; a row
+carries each in its `figures`, with its interval. A new figure is its catalogue entry and its
+entry here (tests/toy_figure)."""
 register_figure = FIGURES.register
 
 register_figure(FigureEntry("agreement", lambda o: o.agree.mean(-1)))

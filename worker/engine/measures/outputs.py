@@ -16,13 +16,15 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from stitchsim.models import OutputKind
+from stitchsim import catalogue
+from stitchsim.models import Figure, OutputKind
 from stitchsim_worker.engine.core.registry import Registry
 from stitchsim_worker.engine.measures.metrics import (
     Figures,
     bootstrap,
     evaluate,
     per_sample_distance,
+    seed_interval,
 )
 
 RETRIEVAL_CHUNK = 512
@@ -38,6 +40,19 @@ class Scored:
     values: dict[str, float]
     ci: dict[str, tuple[float, float]]
     back_accuracy: float | None = None
+
+    def figures(self) -> dict[str, Figure]:
+        """The row's figures, in catalogue order (stitchsim.catalogue.ROW_FIGURES)."""
+        return {name: Figure(value=self.values[name], ci=self.ci.get(name))
+                for name in catalogue.ROW_FIGURES.ordered(self.values)}
+
+    @staticmethod
+    def over_seeds(seeds: list[Scored]) -> Scored:
+        """Several seeds' figures: each one's mean, with its t-interval over the seeds."""
+        values, ci = {}, {}
+        for name in seeds[0].values:
+            values[name], ci[name] = seed_interval([s.values[name] for s in seeds])
+        return Scored(values, ci)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext
 from stitchsim_worker.engine.core.costs import Sizes, passes
 from stitchsim_worker.engine.core.progress import Units
 from stitchsim_worker.engine.measures.metrics import evaluate, seed_interval
-from stitchsim_worker.engine.measures.outputs import OUTPUTS
+from stitchsim_worker.engine.measures.outputs import OUTPUTS, Scored
 from stitchsim_worker.engine.models.attacks import ATTACK_IMPLS, attack_passes
 from stitchsim_worker.engine.models.cutting import BackPart
 from stitchsim_worker.engine.protocols import PROTOCOL_IMPLS, stitched
@@ -144,28 +144,15 @@ def make_row(ctx: JobContext, cut: Cut, objective: Objective, protocol: Protocol
     back model's output kind scores them."""
     g_out, seed, kind = test.back_logits.all(), ctx.spec.train.seed, cut.g.output
     evals = [OUTPUTS[kind].score(h, g_out, test.labels, seed) for h in h_logits]
-    if len(evals) == 1:
-        values, ci = evals[0].values, evals[0].ci
-    else:  # several seeds: the interval is over seeds
-        values, ci = {}, {}
-        for k in evals[0].values:
-            values[k], ci[k] = seed_interval([e.values[k] for e in evals])
+    scored = evals[0] if len(evals) == 1 else Scored.over_seeds(evals)
     back_accuracy = evals[0].back_accuracy if test.back_accuracy is None else test.back_accuracy
-    accuracy = values.get("accuracy")
+    accuracy = scored.values.get("accuracy")
     penalty = (back_accuracy - accuracy
                if accuracy is not None and back_accuracy is not None else None)
     return ResultRow(
         direction=cut.direction, front_layer=cut.pair[0], back_layer=cut.pair[1],
-        objective=objective, protocol=protocol, output=kind,
-        agreement=values["agreement"], agreement_ci=ci["agreement"],
-        hard_agreement=values["hard_agreement"], hard_agreement_ci=ci["hard_agreement"],
-        accuracy=accuracy, accuracy_ci=ci.get("accuracy"), stitching_penalty=penalty,
-        error_consistency=values.get("error_consistency"),
-        error_consistency_ci=ci.get("error_consistency"),
-        correct_agreement=values.get("correct_agreement"),
-        correct_agreement_ci=ci.get("correct_agreement"),
-        soft_kappa=values.get("soft_kappa"), soft_kappa_ci=ci.get("soft_kappa"),
-        psnr=values.get("psnr"), psnr_ci=ci.get("psnr"),
+        objective=objective, protocol=protocol, output=kind, figures=scored.figures(),
+        stitching_penalty=penalty,
         train_loss=result.loss, seconds=result.seconds, stitch=result.stitch, **extra,
     )
 
