@@ -50,6 +50,8 @@ WITHOUT_ENGINE_REGISTRY = {
                             "stitchsim.caveats (the engine records what it finds)",
     catalogue.BUDGETS.kind: "a budget is a preset of spec fields, expanded by the spec's own "
                             "validator (and `layers: auto` thinned by engine.job.prepare)",
+    catalogue.RESOLUTIONS.kind: "a resolution is a preset of step sizes, filled in by Spec.at "
+                                "at the size engine.job.prepare reads",
 }
 
 
