@@ -243,8 +243,8 @@ IRI_METHODS: Kind[IRIMethodEntry] = Kind("IRI method", (
     IRIMethodEntry(
         "paper", "the paper's code", "as the invariance-aware paper's code makes IRIs "
         "(external/attacks/pgd_iris.py): from uniform noise, 200 steps of exactly 1/255 "
-        "against the sign of each step's own gradient (at 224 px inputs, the paper's "
-        "high-resolution step: RESOLUTIONS), the last iterate kept, no early "
+        "against the sign of each step's own gradient (on inputs of 85 px and up, the "
+        "paper's 224 px step, 5.38/255: RESOLUTIONS), the last iterate kept, no early "
         "stopping; then, while a batch's median distance is short of the convergence line, "
         "further rounds of 100 of the same steps (at most 10: 1,200 steps a sample), so the "
         "verdict rests on IRIs that finished (iri.extra_rounds 0: exactly the paper's 200)",

@@ -135,10 +135,11 @@ class IRISettings(_Strict):
 
     `method` names a preset of the step fields (catalogue.IRI_METHODS): `paper` (the default)
     is the invariance-aware paper's code, 200 constant steps of 1/255 on each step's own
-    gradient, the last iterate, run on in rounds of 100 of the same steps while the median is
-    short of the convergence line (`extra_rounds: 0`: exactly the paper's 200); `fast` is
-    the service's earlier default (momentum, cosine
-    schedule, best iterate, early stopping, extra rounds; bench/iri_methods.py compares them).
+    gradient (its step left to the input resolution, `at`: the paper's 224 px step on inputs
+    of 85 px and up), the last iterate, run on in rounds of 100 of the same steps while the
+    median is short of the convergence line (`extra_rounds: 0`: exactly the paper's 200);
+    `fast` is the service's earlier default (momentum, cosine schedule, best iterate, early
+    stopping, extra rounds; bench/iri_methods.py compares them).
     A field the spec sets wins over the preset; the fields it leaves unset take the preset's
     value (`overrides()` lists the ones that differ from it).
     """
