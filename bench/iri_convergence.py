@@ -120,7 +120,7 @@ def _settings(overrides: list[str]) -> IRISettings:
     for item in overrides:
         key, _, value = item.partition("=")
         fields[key] = json.loads(value)
-    return IRISettings.model_validate(fields)
+    return IRISettings.model_validate(fields).at("low")  # the digits: 32 px
 
 
 def main() -> None:

@@ -62,7 +62,7 @@ def main() -> None:
         return d
 
     synthesis.per_sample_distance = spy  # type: ignore[assignment]
-    default = IRISettings()
+    default = IRISettings().at("low")  # the digits: 32 px
     aim = EXTRA_ROUNDS_AIM * default.converged_below
     # The whole cap: the rule's stop is read off the trace.
     settings = default.model_copy(update={"converged_below": 1e-9})

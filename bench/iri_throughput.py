@@ -73,7 +73,7 @@ def main() -> None:
             extra_rounds=0,
             stop_below=None,
             fast_kernels=not args.plain_kernels,
-        )
+        ).at("low")  # the digits: 32 px
 
         # Floor: exactly one forward + backward of f<=i per step and batch, nothing else, on
         # the kernels the synthesis picks (IRISettings.fast_kernels).

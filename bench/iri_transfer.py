@@ -74,7 +74,7 @@ def main() -> None:
     x = builtin(DATASET).train.images[: args.n]
     with torch.no_grad():
         real_f, real_g = f.logits(x), g.logits(x)
-    settings = IRISettings()
+    settings = IRISettings().at("low")  # the digits: 32 px
     print(f"front {args.front.name}, back {args.back.name}, {args.n} inputs of {DATASET}, "
           f"IRIs at the service's defaults (line {settings.converged_below})")
     print(f"{'point':<10}{'IRI median':>12}{'front on IRIs':>15}{'back on IRIs':>14}{'s':>7}")

@@ -45,6 +45,7 @@ from stitchsim.entries import (
     PlotStyle as PlotStyle,
     ProtocolEntry as ProtocolEntry,
     ReferenceEntry as ReferenceEntry,
+    ResolutionEntry as ResolutionEntry,
     RowFigureEntry as RowFigureEntry,
 )
 
@@ -257,12 +258,13 @@ IRI_METHODS: Kind[IRIMethodEntry] = Kind("IRI method", (
     IRIMethodEntry(
         "paper", "the paper's code", "as the invariance-aware paper's code makes IRIs "
         "(external/attacks/pgd_iris.py): from uniform noise, 200 steps of exactly 1/255 "
-        "against the sign of each step's own gradient, the last iterate kept, no early "
+        "against the sign of each step's own gradient (on inputs of 85 px and up, the "
+        "paper's 224 px step, 5.38/255: RESOLUTIONS), the last iterate kept, no early "
         "stopping; then, while a batch's median distance is short of the convergence line, "
         "further rounds of 100 of the same steps (at most 10: 1,200 steps a sample), so the "
         "verdict rests on IRIs that finished (iri.extra_rounds 0: exactly the paper's 200)",
         default=True,
-        preset=(("steps", 200), ("step_size", 1 / 255), ("momentum", 0.0),
+        preset=(("steps", 200), ("step_size", None), ("momentum", 0.0),
                 ("schedule", "constant"), ("cycle_steps", 200), ("extra_rounds", 10),
                 ("extra_round_steps", 100), ("extra_round_growth", 1), ("stop_below", None),
                 ("iterate", "last"), ("extra_rounds_stop_at_aim", False))),
@@ -277,6 +279,47 @@ IRI_METHODS: Kind[IRIMethodEntry] = Kind("IRI method", (
                 ("extra_round_steps", None), ("extra_round_growth", 1), ("stop_below", 0.02),
                 ("iterate", "best"), ("extra_rounds_stop_at_aim", False))),
 ))
+
+# The paper's 224 px configs (configs/*/high_resolution/**) write their steps in ImageNet-
+# normalised units, as k x 4.758/255: 4.758 is the normalised range's width over the channels
+# ((1 - 0.406) / 0.225 + 0.485 / 0.229). One normalised unit is std_c pixels in channel c; the
+# engine steps in [0,1] pixels with one step for every channel, so a normalised step becomes
+# the channels' mean std in pixels (within 1.4 % of each channel's own).
+_PAPER_NORMALISED_RANGE = 4.758
+_IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def _paper_224px_step(k: float) -> float:
+    """The paper's 224 px step k x 4.758/255 (ImageNet-normalised) in [0,1] pixels."""
+    return k * _PAPER_NORMALISED_RANGE / 255 * sum(_IMAGENET_STD) / len(_IMAGENET_STD)
+
+
+RESOLUTIONS: Kind[ResolutionEntry] = Kind("resolution", (
+    # The cut-off: the paper runs 32 px and 224 px only; a side takes the preset of the one it
+    # is nearer to by ratio (sqrt(32 x 224) = 84.7): 64 px (Tiny ImageNet) is low, 96 px
+    # (STL-10) and up high.
+    ResolutionEntry(
+        "low", "low resolution (32 px)", "inputs under 85 px (the shorter side of the "
+        "dataset's images): the paper's 32 px (CIFAR) configs, IRI steps of 1/255, training "
+        "PGD epsilon 8/255 with steps of 2/255, the robust evaluation at the same",
+        min_side=0, iri_step_size=1 / 255, epsilon=8 / 255, step_size=2 / 255),
+    ResolutionEntry(
+        "high", "high resolution (224 px)", "inputs of 85 px and more: the paper's 224 px "
+        "(ImageNet-100) configs, IRI steps of 5 x 4.758/255 and training PGD epsilon "
+        "4 x 4.758/255 with steps of 4.758/255 in ImageNet-normalised units (5.38/255, "
+        "4.30/255 and 1.08/255 in pixels), the robust evaluation at the same",
+        min_side=85, iri_step_size=_paper_224px_step(5), epsilon=_paper_224px_step(4),
+        step_size=_paper_224px_step(1)),
+))
+"""The step sizes a spec leaves unset, by the size of its inputs, as the paper's configs set
+them at its two resolutions; the engine picks the entry (resolution_of) after reading the
+data, and a value the spec sets wins."""
+
+
+def resolution_of(side: int) -> str:
+    """The resolution preset of images whose shorter side is `side` pixels."""
+    return max((e for e in RESOLUTIONS if side >= e.min_side), key=lambda e: e.min_side).name
+
 
 BUDGETS: Kind[BudgetEntry] = Kind("budget", (
     BudgetEntry("full", "full", "every sample and stitch point the spec asks for",
@@ -331,7 +374,7 @@ CAVEATS: Kind[CaveatEntry] = Kind("caveat", (
 
 KINDS: tuple[Kind[Entry], ...] = (  # type: ignore[assignment]
     OBJECTIVES, PROTOCOLS, CONTROLS, CUES, ATTACKS, MEASURES, ROW_FIGURES, MEASURE_INPUTS,
-    MODEL_SOURCES, OUTPUT_KINDS, DATASET_FORMATS, IRI_METHODS, CAVEATS, BUDGETS,
+    MODEL_SOURCES, OUTPUT_KINDS, DATASET_FORMATS, IRI_METHODS, CAVEATS, BUDGETS, RESOLUTIONS,
 )
 """Every kind of name, for the tests that hold each against its engine registry and render
 every entry."""

@@ -205,6 +205,26 @@ class IRIMethodEntry(Entry):
 
 
 @dataclass(frozen=True)
+class ResolutionEntry(Entry):
+    """The step sizes a spec leaves unset, for inputs of this size: [0,1] pixel units, as the
+    engine steps (each model's normalisation applies after the step)."""
+
+    min_side: int = 0
+    """It applies to images whose shorter side is at least this (the largest such wins)."""
+    iri_step_size: float = 0.0
+    """iri.step_size of the methods whose preset leaves it to the resolution (paper)."""
+    epsilon: float = 0.0
+    """adversarial.epsilon: the training PGD's (and, unset eval_epsilon, the evaluation's)."""
+    step_size: float = 0.0
+    """adversarial.step_size: the training PGD's step (and, unset eval_step_size, the
+    evaluation attack's)."""
+
+    @property
+    def adversarial(self) -> dict[str, float]:
+        return {"epsilon": self.epsilon, "step_size": self.step_size}
+
+
+@dataclass(frozen=True)
 class BudgetEntry(Entry):
     train: tuple[tuple[str, object], ...] = ()
     """The train settings it stands for (field, value); a field the spec sets wins over it."""

@@ -17,6 +17,9 @@ from stitchsim import catalogue
 from stitchsim.models import MethodRecord, Spec
 
 ABSENT = "(not recorded)"
+RESOLVED_AT_RUN = ("iri.step_size", "adversarial.epsilon", "adversarial.step_size")
+"""Settings a spec may leave null, to the input resolution (Spec.at): the engine records the
+value that ran, which the client knows only once the job has read its data."""
 
 
 def method_settings(spec: Spec) -> dict[str, Any]:
@@ -42,6 +45,15 @@ def method_settings(spec: Spec) -> dict[str, Any]:
     if catalogue.PROTOCOLS.any_of(protocols, attacks=True) or spec.adversarial.evaluate:
         out.update(_flat("adversarial", spec.adversarial.model_dump(mode="json")))
     return out
+
+
+def planned_differences(baseline: dict[str, Any], planned: dict[str, Any]) -> list[str]:
+    """The settings of a spec not yet run that differ from a baseline's: a setting left to
+    the input resolution is compared once the job has run (differences)."""
+    return [f"{k}: baseline {baseline.get(k, ABSENT)}, this check {planned.get(k)}"
+            for k in dict.fromkeys([*planned, *baseline])
+            if baseline.get(k) != planned.get(k)
+            and not (planned.get(k) is None and k in RESOLVED_AT_RUN)]
 
 
 def differences(baseline: MethodRecord, current: MethodRecord) -> list[str]:

@@ -216,7 +216,8 @@ def iri_method(report: Report) -> str | None:
     or the report predates named methods."""
     settings = report.iri_settings
     if settings is not None:
-        return f"{settings.described()} ({catalogue.IRI_METHODS.label(settings.method)})"
+        return (f"{settings.described(report.resolution)} "
+                f"({catalogue.IRI_METHODS.label(settings.method)})")
     named = next((r.iri.method for r in report.results if r.iri and r.iri.method), None)
     return f"{named} ({catalogue.IRI_METHODS.label(named)})" if named else None
 

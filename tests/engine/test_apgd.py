@@ -76,7 +76,7 @@ def test_the_registered_attacks_are_the_catalogues_and_the_papers_is_the_default
 
 def test_apgd_ce_then_dlr_fools_at_least_as_often_as_either_and_as_pgd(tiny) -> None:
     net, x, y, right = tiny
-    settings = AdversarialSettings(epsilon=EPS, eval_steps=10)
+    settings = AdversarialSettings(epsilon=EPS, eval_steps=10).at("low")
     both = success(net, ATTACK_IMPLS["apgd"].run(net, x, y, settings, torch.Generator()), y, right)
     ce = success(net, apgd(net, x, y, eps=EPS, steps=10, loss="ce",
                            generator=torch.Generator())[0], y, right)
@@ -107,15 +107,19 @@ def test_bad_alphas_and_attacks_are_refused_naming_the_field(adversarial, words:
 
 
 def test_alpha_defaults_to_the_papers_stitching_value_and_alphas_run_in_order() -> None:
-    settings = AdversarialSettings()
+    settings = AdversarialSettings().at("low")
     assert settings.alpha == 1.0 and settings.alpha_list() == [1.0]
     assert settings.attack == "autoattack_paper" and settings.attack_steps() == 20
     # The paper's 32 px evaluation budget: its training epsilon and step (8/255, 2/255).
     assert settings.attack_epsilon() == 8 / 255 and settings.attack_step_size() == 2 / 255
+    # At 224 px the paper's normalised 4 x 4.758/255 and 4.758/255, in pixels (issue 36).
+    high = AdversarialSettings().at("high")
+    assert (round(high.attack_epsilon() * 255, 2), round(high.attack_step_size() * 255, 2)) == (
+        4.30, 1.08)
     assert AdversarialSettings(attack="apgd").attack_step_size() is None  # 2 eps, its own
     moved = AdversarialSettings(epsilon=4 / 255, step_size=1 / 255)
     assert (moved.attack_epsilon(), moved.attack_step_size()) == (4 / 255, 1 / 255)
-    apart = AdversarialSettings(eval_epsilon=2 / 255, eval_step_size=0.5 / 255)
+    apart = AdversarialSettings(eval_epsilon=2 / 255, eval_step_size=0.5 / 255).at("high")
     assert (apart.attack_epsilon(), apart.attack_step_size()) == (2 / 255, 0.5 / 255)
     assert AdversarialSettings(alphas=[1, 0]).alpha_list() == [0, 1]  # the last one headlines
     assert AdversarialSettings(attack="pgd").attack_steps() == 10
@@ -149,7 +153,7 @@ def test_the_papers_attack_crafts_what_arts_autoattack_crafts(tiny) -> None:
 
     net, x, y, _ = tiny
     x, y = x[:100], y[:100]
-    ours = ATTACK_IMPLS["autoattack_paper"].run(net, x, y, AdversarialSettings(),
+    ours = ATTACK_IMPLS["autoattack_paper"].run(net, x, y, AdversarialSettings().at("low"),
                                            torch.Generator().manual_seed(0))
     theirs_gen = torch.Generator().manual_seed(0)
 
@@ -213,7 +217,7 @@ def test_the_papers_attack_leaves_what_it_does_not_fool_clean_and_stays_in_the_b
 ) -> None:
     net, x, y, right = tiny
     model = Recording(net)
-    x_adv = ATTACK_IMPLS["autoattack_paper"].run(model, x, y, AdversarialSettings(),
+    x_adv = ATTACK_IMPLS["autoattack_paper"].run(model, x, y, AdversarialSettings().at("low"),
                                             torch.Generator())
     with torch.no_grad():
         fooled = net(x_adv).argmax(1) != y

@@ -51,6 +51,8 @@ WITHOUT_ENGINE_REGISTRY = {
                                 "spec's validator; one generator (iri.synthesis) runs them all",
     catalogue.BUDGETS.kind: "a budget is a preset of spec fields, expanded by the spec's own "
                             "validator (and `layers: auto` thinned by engine.job.prepare)",
+    catalogue.RESOLUTIONS.kind: "a resolution is a preset of step sizes, filled in by Spec.at "
+                                "at the size engine.job.prepare reads",
 }
 
 

@@ -28,7 +28,7 @@ from stitchsim.gates import (
     refuse_unless_comparable,
     subject_differences,
 )
-from stitchsim.method import method_settings
+from stitchsim.method import method_settings, planned_differences
 from stitchsim.models import Report, Spec
 from stitchsim.sdk import Client, file_sha256
 from stitchsim.sdk.client import ID_RE
@@ -110,9 +110,7 @@ def precheck(baseline: Baseline, reference: str, fields: dict[str, Any]) -> list
     current = planned_settings(fields)
     if not current:
         return []
-    was = method_of(baseline.report).settings
-    return [f"{k}: baseline {was.get(k, '(not recorded)')}, this check {current.get(k)}"
-            for k in dict.fromkeys([*current, *was]) if was.get(k) != current.get(k)]
+    return planned_differences(method_of(baseline.report).settings, current)
 
 
 def recompute(client: Client, baseline: Baseline, fields: dict[str, Any],

@@ -8,7 +8,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, computed_field, model_validator
 
+from stitchsim import catalogue
 from stitchsim.models.spec import (
+    AdversarialSettings,
     IRISettings,
     Spec,
 )
@@ -25,6 +27,7 @@ from stitchsim.models.vocabulary import (
     OutputKind,
     PreprocessSource,
     Protocol,
+    Resolution,
     Verdict,
 )
 
@@ -431,7 +434,17 @@ class Report(BaseModel):
     iri_settings: IRISettings | None = Field(
         default=None, description="the IRI method and its effective settings (the method's "
         "preset under the fields the spec set), when any figure of the job was computed on "
-        "IRIs; null otherwise")
+        "IRIs; null otherwise). step_size is the one that ran: the spec's, else the input "
+        "resolution's (`resolution`)")
+    adversarial_settings: AdversarialSettings | None = Field(
+        default=None, description="the adversarial settings that ran, epsilon and step_size "
+        "resolved (the spec's, else the input resolution's), when the job crafted attacked "
+        "inputs (an adversarial protocol, adversarial.evaluate); null otherwise and in reports "
+        "from before they were recorded")
+    resolution: Resolution = Field(
+        default="low", description="the input-resolution preset the step sizes the spec left "
+        "unset came from: " + catalogue.RESOLUTIONS.describe() + " (reports from before "
+        "presets by resolution read low: their jobs used the 32 px values at every size)")
     warnings: list[str] = []
     notes: list[str] = Field(
         default=[], description="how to read figures of this job (e.g. cross-task pairing)"

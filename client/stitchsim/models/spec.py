@@ -135,10 +135,11 @@ class IRISettings(_Strict):
 
     `method` names a preset of the step fields (catalogue.IRI_METHODS): `paper` (the default)
     is the invariance-aware paper's code, 200 constant steps of 1/255 on each step's own
-    gradient, the last iterate, run on in rounds of 100 of the same steps while the median is
-    short of the convergence line (`extra_rounds: 0`: exactly the paper's 200); `fast` is
-    the service's earlier default (momentum, cosine
-    schedule, best iterate, early stopping, extra rounds; bench/iri_methods.py compares them).
+    gradient (its step left to the input resolution, `at`: the paper's 224 px step on inputs
+    of 85 px and up), the last iterate, run on in rounds of 100 of the same steps while the
+    median is short of the convergence line (`extra_rounds: 0`: exactly the paper's 200);
+    `fast` is the service's earlier default (momentum, cosine schedule, best iterate, early
+    stopping, extra rounds; bench/iri_methods.py compares them).
     A field the spec sets wins over the preset; the fields it leaves unset take the preset's
     value (`overrides()` lists the ones that differ from it).
     """
@@ -149,9 +150,12 @@ class IRISettings(_Strict):
     )
     steps: int = Field(default=_preset("steps"), ge=1, le=10_000,
                        description="steps of the first round")
-    step_size: float = Field(
+    step_size: float | None = Field(
         default=_preset("step_size"), gt=0, le=1,
-        description="in [0,1] pixel units: the peak step (cosine) or the fixed step (constant)",
+        description="in [0,1] pixel units: the peak step (cosine) or the fixed step (constant); "
+        "null: from the input resolution (" + catalogue.RESOLUTIONS.describe() + "; the "
+        "report's iri_settings gives the step that ran). The paper method leaves it null, "
+        "fast's is 32/255",
     )
     momentum: float = Field(
         default=_preset("momentum"), ge=0, lt=1,
@@ -245,16 +249,28 @@ class IRISettings(_Strict):
         entry = catalogue.IRI_METHODS.get(method) if isinstance(method, str) else None
         return data if entry is None else {**entry.settings, **data}
 
-    def overrides(self) -> dict[str, Any]:
-        """The preset fields whose value is not the method's: what the spec changed."""
+    def overrides(self, resolution: str | None = None) -> dict[str, Any]:
+        """The preset fields whose value is not the method's: what the spec changed. Given
+        the resolution the settings were resolved at, a field the preset leaves to it is
+        compared with the resolution's value."""
         preset = catalogue.IRI_METHODS[self.method].settings
+        if resolution is not None and preset["step_size"] is None:
+            preset = {**preset, "step_size": catalogue.RESOLUTIONS[resolution].iri_step_size}
         return {k: getattr(self, k) for k, v in preset.items() if getattr(self, k) != v}
 
-    def described(self) -> str:
+    def described(self, resolution: str | None = None) -> str:
         """'paper' or 'paper (steps 50)': the method and what the spec changed of it."""
         changed = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
-                            for k, v in self.overrides().items())
+                            for k, v in self.overrides(resolution).items())
         return f"{self.method} ({changed})" if changed else self.method
+
+    def at(self, resolution: str) -> IRISettings:
+        """The settings with the fields left to the input resolution (step_size) filled from
+        its preset (catalogue.RESOLUTIONS); a value the spec set stays."""
+        if self.step_size is not None:
+            return self
+        return self.model_copy(
+            update={"step_size": catalogue.RESOLUTIONS[resolution].iri_step_size})
 
     @property
     def max_steps(self) -> int:
@@ -293,14 +309,21 @@ class ControlSettings(_Strict):
 
 class AdversarialSettings(_Strict):
     """PGD L-inf in [0,1] pixel units (each model's preprocessing applies after it), as in the
-    invariance-aware paper's code: epsilon 8/255, step 2/255, 10 steps, no random start, in
-    stitch training; the robust evaluation runs `attack` (by default AutoAttack's APGD-CE +
-    APGD-DLR as the paper's code runs them) at the same epsilon and step, as the paper's
-    configs do at 32 and at 224 px."""
+    invariance-aware paper's code: 10 steps, no random start, in stitch training, epsilon and
+    step from the input resolution unless the spec sets them (catalogue.RESOLUTIONS: 8/255
+    and 2/255 at 32 px; 4.30/255 and 1.08/255 at 224 px); the robust evaluation runs `attack`
+    (by default AutoAttack's APGD-CE + APGD-DLR as the paper's code runs them) at the same
+    epsilon and step, as the paper's configs do at 32 and at 224 px."""
 
-    epsilon: float = Field(default=8 / 255, gt=0, le=1)
-    step_size: float = Field(default=2 / 255, gt=0, le=1,
-                             description="PGD's step (training, and attack: pgd)")
+    epsilon: float | None = Field(
+        default=None, gt=0, le=1,
+        description="the training PGD's epsilon in [0,1] pixels; null: from the input "
+        "resolution (8/255 at 32 px, 4.30/255 at 224 px; the report's adversarial_settings "
+        "gives the one that ran)")
+    step_size: float | None = Field(
+        default=None, gt=0, le=1,
+        description="PGD's step (training, and attack: pgd) in [0,1] pixels; null: from the "
+        "input resolution (2/255 at 32 px, 1.08/255 at 224 px)")
     steps: int = Field(default=10, ge=0, le=200, description="PGD steps in stitch training")
     random_start: bool = False
     alpha: float = Field(
@@ -333,13 +356,14 @@ class AdversarialSettings(_Strict):
     eval_epsilon: float | None = Field(
         default=None, gt=0, le=1,
         description="the evaluation attack's epsilon in [0,1] pixels; unset: `epsilon` (the "
-        "paper evaluates at its training epsilon: 8/255 at 32 px)",
+        "paper evaluates at its training epsilon: 8/255 at 32 px, 4.30/255 at 224 px)",
     )
     eval_step_size: float | None = Field(
         default=None, gt=0, le=1,
         description="the evaluation attack's step in [0,1] pixels (autoattack_paper's first "
         "step, ART's eps_step; pgd's step; apgd's first step is 2 epsilon whatever this "
-        "says); unset: `step_size` (the paper's eps_step is its training step: 2/255 at 32 px)",
+        "says); unset: `step_size` (the paper's eps_step is its training step: 2/255 at 32 "
+        "px, 1.08/255 at 224 px)",
     )
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
 
@@ -352,14 +376,31 @@ class AdversarialSettings(_Strict):
         return self.eval_steps or catalogue.ATTACKS[self.attack].steps
 
     def attack_epsilon(self) -> float:
-        return self.eval_epsilon or self.epsilon
+        return self.eval_epsilon or self.pgd_epsilon()
 
     def attack_step_size(self) -> float | None:
         """The evaluation attack's (first) step; None for an attack whose step follows from
         epsilon (apgd)."""
         if not catalogue.ATTACKS[self.attack].step_size:
             return None
-        return self.eval_step_size or self.step_size
+        return self.eval_step_size or self.pgd_step_size()
+
+    def pgd_epsilon(self) -> float:
+        """The training PGD's epsilon, once resolved (`at`)."""
+        assert self.epsilon is not None, "adversarial settings not resolved: call at()"
+        return self.epsilon
+
+    def pgd_step_size(self) -> float:
+        assert self.step_size is not None, "adversarial settings not resolved: call at()"
+        return self.step_size
+
+    def at(self, resolution: str) -> AdversarialSettings:
+        """The settings with the fields left to the input resolution (epsilon, step_size)
+        filled from its preset (catalogue.RESOLUTIONS); a value the spec set stays. The
+        evaluation's unset eval_epsilon and eval_step_size stay unset: they follow these."""
+        preset = catalogue.RESOLUTIONS[resolution].adversarial
+        return self.model_copy(update={k: v for k, v in preset.items()
+                                       if getattr(self, k) is None})
 
 
 class MeasureSettings(_Strict):
@@ -484,6 +525,12 @@ class Spec(_Strict):
             raise ValueError("class_pairing must list each back-model class exactly once "
                              "(a permutation of 0..n-1)")
         return v
+
+    def at(self, resolution: str) -> Spec:
+        """The spec with every field left to the input resolution filled from its preset
+        (catalogue.RESOLUTIONS): what a job runs with."""
+        return self.model_copy(update={"iri": self.iri.at(resolution),
+                                       "adversarial": self.adversarial.at(resolution)})
 
     def direction_list(self) -> list[Direction]:
         if self.directions == "both":

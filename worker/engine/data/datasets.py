@@ -83,6 +83,11 @@ class Dataset:
     def image_size(self) -> int:
         return int(self.train.pixels.shape[-1])
 
+    @property
+    def shorter_side(self) -> int:
+        """Of its images, in pixels: what picks the resolution preset of the step sizes."""
+        return int(min(self.train.pixels.shape[-2:]))
+
     def describe(self) -> dict[str, object]:
         out: dict[str, object] = {
             "id": self.name,

@@ -63,7 +63,9 @@ def cache_key(
     front_identity: dict[str, object], point: str, dataset_digest: str, settings: IRISettings
 ) -> str:
     """IRIs depend only on the front model, the stitch point, the data and the IRI settings
-    (the convergence line too, when it decides whether extra rounds run)."""
+    that ran (the step resolved at the input resolution; the convergence line too, when it
+    decides whether extra rounds run)."""
+    assert settings.step_size is not None, "key IRIs by the settings that ran: call at()"
     # The method is a name for settings the key holds already: the same effective settings
     # under either name are the same IRIs.
     knobs = settings.model_dump(exclude=_NOT_IN_KEY if settings.extra_rounds
@@ -128,11 +130,13 @@ def step_schedule(settings: IRISettings, length: int, round_index: int = 0) -> l
     """Step sizes of one round. Cosine: large steps cross the noise floor fast, the small ones
     at the end of each cycle settle into a minimum. Cycles restart every cycle_steps in the
     first round and are extra_round_growth times as long in each extra round."""
+    peak = settings.step_size
+    assert peak is not None, "IRI settings not resolved at the input resolution: call at()"
     if settings.schedule == "constant":
-        return [settings.step_size] * length
+        return [peak] * length
     cycle = min(settings.cycle_steps * settings.extra_round_growth**round_index, length)
     return [
-        settings.step_size * 0.5 * (1 + math.cos(math.pi * (t % cycle) / cycle))
+        peak * 0.5 * (1 + math.cos(math.pi * (t % cycle) / cycle))
         for t in range(length)
     ]
 

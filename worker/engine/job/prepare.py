@@ -31,6 +31,14 @@ class Prepared:
     front_data: Dataset | None = None  # cross_task: the front model's own task
     pairing: torch.Tensor | None = None  # cross_task: back-model class of each front class
 
+    @property
+    def resolution(self) -> str:
+        """The resolution preset (catalogue.RESOLUTIONS) of the step sizes the spec leaves
+        unset: IRIs and attacks step the dataset's pixels (each model resizes after), so the
+        images' shorter side decides; the smaller of the two tasks' in cross-task pairing."""
+        sides = [d.shorter_side for d in (self.data, self.front_data) if d is not None]
+        return catalogue.resolution_of(min(sides))
+
     def data_of(self, net: Network) -> Dataset:
         """The dataset a model was trained for (its own task in cross-task pairing)."""
         if net.where == "front" and self.front_data is not None:

@@ -67,9 +67,12 @@ def run_job(
             # A worker runs many jobs: the peak in the report must be this job's own.
             torch.cuda.reset_peak_memory_stats(device)
         prep = prepare(spec, resources, device, tracker.should_cancel)
-        steps = prepared_steps(spec, prep)
-        tracker.plan(job_plan(spec, steps))
-        job = JobRun(JobContext.new(spec, prep, resources, tracker, device), MeasureRun())
+        # What runs: the step sizes the spec leaves unset, from its inputs' resolution. The
+        # report keeps the spec as submitted and records these beside it.
+        ran_spec = spec.at(prep.resolution)
+        steps = prepared_steps(ran_spec, prep)
+        tracker.plan(job_plan(ran_spec, steps))
+        job = JobRun(JobContext.new(ran_spec, prep, resources, tracker, device), MeasureRun())
         try:
             for step in run_steps(steps, job, tracker):
                 if (mismatch := step.mismatch()) is not None:
@@ -79,7 +82,7 @@ def run_job(
         finally:
             job.ctx.close()
         tracker.finish()
-        return _report(Ran(job.ctx, job.results, job.controls, unstitched, job.measured,
+        return _report(Ran(spec, job.ctx, job.results, job.controls, unstitched, job.measured,
                            device, tracker, time.perf_counter() - t0, job_id))
     except Exception as exc:
         if passes_through(exc):
@@ -128,6 +131,7 @@ def _model_summary(
 class Ran:
     """What a job's run leaves for its report."""
 
+    submitted: Spec  # ctx.spec is what ran: the unset step sizes resolved
     ctx: JobContext
     results: list[ResultRow]
     controls: list[ResultRow]
@@ -149,7 +153,8 @@ def _report(ran: Ran) -> Report:
     reason = withheld(spec, front, back, summary, results)
     report = Report(
         job_id=ran.job_id,
-        spec=spec,
+        spec=ran.submitted,
+        resolution=prep.resolution,
         front=front,
         back=back,
         dataset=dataset,
@@ -161,8 +166,9 @@ def _report(ran: Ran) -> Report:
         summary=summary,
         verdict=None if reason else verdict(summary),
         verdict_reason=reason,
-        verdict_caveats=verdict_caveats(summary, results, spec.iri),
+        verdict_caveats=verdict_caveats(summary, results, spec.iri, prep.resolution),
         iri_settings=spec.iri if _made_iris(results + ran.controls, measured.rows) else None,
+        adversarial_settings=spec.adversarial if _attacked(spec) else None,
         warnings=[*_undetermined(front, back), *ctx.warnings],
         notes=_notes(spec, prep, ran),
         environment={**_environment(ran.device, ran.tracker, spec.train.seed, ran.seconds),
@@ -189,6 +195,13 @@ def _undetermined(front: ModelSummary, back: ModelSummary) -> list[str]:
 def _made_iris(rows: list[ResultRow], measures: list[MeasureRow]) -> bool:
     """Whether any figure of the job was computed on IRIs (a protocol's or a measure's)."""
     return any(r.iri is not None for r in rows) or any(m.input == "iri" for m in measures)
+
+
+def _attacked(spec: Spec) -> bool:
+    """Whether the job crafted attacked inputs (an adversarial protocol's or the robust
+    evaluation's)."""
+    return (catalogue.PROTOCOLS.any_of(spec.protocols, attacks=True)
+            or spec.adversarial.evaluate)
 
 
 def _notes(spec: Spec, prep: Prepared, ran: Ran) -> list[str]:

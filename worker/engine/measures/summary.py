@@ -227,9 +227,10 @@ def unconverged(summary: Summary, rows: Iterable[ResultRow]) -> list[str]:
 
 
 def verdict_caveats(summary: Summary, rows: list[ResultRow],
-                    iri: IRISettings | None = None) -> list[str]:
+                    iri: IRISettings | None = None, resolution: str | None = None) -> list[str]:
     """What the similarity figure rests on that weakens it. A figure of IRIs depends on how
-    they were made, so it always names the IRI method (the spec's settings, else the rows')."""
+    they were made, so it always names the IRI method (the settings that ran, resolved at
+    `resolution`, else the rows')."""
     used = summary.similarity_protocol
     if not catalogue.PROTOCOLS[used].uses_iris:
         return []
@@ -238,7 +239,7 @@ def verdict_caveats(summary: Summary, rows: list[ResultRow],
     if not made:
         return []
     name = made[0].method
-    method = iri.described() if iri is not None else name
+    method = iri.described(resolution) if iri is not None else name
     named = f"iri.method {method}" if method else "an unnamed IRI method"
     what = f" ({catalogue.IRI_METHODS.label(name)})" if name else ""
     caveats = [

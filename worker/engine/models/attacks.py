@@ -31,7 +31,7 @@ def pgd(
 ) -> torch.Tensor:
     """Inputs within settings.epsilon of x that increase loss(x_adv) (a scalar, summed over
     the batch so every sample gets its own gradient)."""
-    eps = settings.epsilon
+    eps, step = settings.pgd_epsilon(), settings.pgd_step_size()
     x = x.detach()
     x_adv = x.clone()
     if settings.random_start:
@@ -41,7 +41,7 @@ def pgd(
         x_adv.requires_grad_(True)
         (grad,) = torch.autograd.grad(loss(x_adv), x_adv)
         with torch.no_grad():
-            x_adv = x_adv + settings.step_size * grad.sign()
+            x_adv = x_adv + step * grad.sign()
             x_adv = _project(x_adv, x, eps)
     return x_adv.detach()
 

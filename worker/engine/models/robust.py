@@ -13,6 +13,7 @@ from typing import Any
 import timm
 import torch
 import torch.nn.functional as F
+from stitchsim.catalogue import resolution_of
 from stitchsim.models import AdversarialSettings
 from stitchsim_worker.engine.data.datasets import builtin
 from stitchsim_worker.engine.models.attacks import pgd
@@ -40,10 +41,10 @@ def robust_accuracy(
     net: torch.nn.Module, dataset: str, settings: AdversarialSettings | None = None,
     limit: int = 400,
 ) -> float:
-    """Accuracy under PGD (the service's defaults: eps 8/255, 10 steps of 2/255) on the first
-    `limit` test samples of a built-in set."""
-    settings = settings or AdversarialSettings()
+    """Accuracy under PGD (the service's defaults at the set's resolution: at 32 px eps 8/255,
+    10 steps of 2/255) on the first `limit` test samples of a built-in set."""
     ds = builtin(dataset)
+    settings = (settings or AdversarialSettings()).at(resolution_of(ds.shorter_side))
     cfg = timm.data.resolve_data_config({}, model=net)
     mean = torch.tensor(cfg["mean"]).view(1, 3, 1, 1)
     std = torch.tensor(cfg["std"]).view(1, 3, 1, 1)
