@@ -469,6 +469,12 @@ def agreement(mine: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
         out[name] = {"models": len(both), **{
             g: {"differ": [k for k in both if _fails(a[k][g]) != _fails(b[k][g])]}
             for g in GATES}}
+        # Per-point gates at the points both budgets stitch (ci keeps the first and last).
+        shared = set(a[both[0]].get("points", {})) & set(b[both[0]].get("points", {}))
+        for p in sorted(shared):
+            out[name][f"{p}_gate"] = {"differ": [
+                k for k in both
+                if _fails(a[k]["points"][p]["gate"]) != _fails(b[k]["points"][p]["gate"])]}
     return out
 
 
