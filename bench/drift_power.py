@@ -30,6 +30,11 @@ alarms). Detection rate per dose = share of its reruns that fail.
     python bench/drift_power.py --out /tmp/drift --reruns 1 --families resnet   # reduced
     python bench/drift_power.py --out /tmp/drift --reruns 5                      # full
     python bench/drift_power.py --out /tmp/drift --budget ci                     # ci preset
+    python bench/drift_power.py --out /tmp/drift --families resnet --reseeds 3 --reruns 3 \
+        --per-point --budget ci --agree-with full.json   # ci's decisions against the full's
+
+--marker-doses / --noise-doses / --prune-doses set the series; --per-point adds each point's
+figures and a per-point gate (the stem is where the demo's shortcut shows).
 
 Figures: docs/benchmarks.md ("drift power").
 """
