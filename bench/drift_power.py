@@ -12,9 +12,9 @@ fine-tune of the retrain that drops two classes (8 and 9).
 
 Each check is an in-process job (run_job, as `stitchsim-server run`) of the reference in front
 against the model: the demo's spec (128 train samples, 300 test, 3 points, slm,
-front_to_back) with measures [cka], under the default IRI method with
-`iri.extra_rounds: 4` (rounds of 200 paper steps while the batch median is above
-0.9 x converged_below) until the default does that by itself. The reference's IRIs are cached,
+front_to_back) with measures [cka], under the default IRI method (the paper's 200 steps, then
+rounds of 100 while the batch median is short of the line; --extra-rounds overrides the
+number of rounds, as earlier runs did with 4). The reference's IRIs are cached,
 so they are made once per point. A rerun of a check with the same seeds is deterministic (same
 cached IRIs, same stitch seed), so the reruns vary `train.seed` (the stitch's init and batch
 order); the IRIs are not re-synthesised per rerun (their seed is fixed: a CI rerun reuses them).
@@ -30,6 +30,11 @@ alarms). Detection rate per dose = share of its reruns that fail.
     python bench/drift_power.py --out /tmp/drift --reruns 1 --families resnet   # reduced
     python bench/drift_power.py --out /tmp/drift --reruns 5                      # full
     python bench/drift_power.py --out /tmp/drift --budget ci                     # ci preset
+    python bench/drift_power.py --out /tmp/drift --families resnet --reseeds 3 --reruns 3 \
+        --per-point --budget ci --agree-with full.json   # ci's decisions against the full's
+
+--marker-doses / --noise-doses / --prune-doses set the series; --per-point adds each point's
+figures and a per-point gate (the stem is where the demo's shortcut shows).
 
 Figures: docs/benchmarks.md ("drift power").
 """
@@ -38,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -172,8 +178,17 @@ class Variant:
     make: Callable[[], torch.nn.Module] | None  # None: a copy of the reference file
 
 
+@dataclass(frozen=True)
+class Doses:
+    """The harmful series' doses (--marker-doses, --noise-doses, --prune-doses)."""
+
+    marker: tuple[float, ...] = MARKER_DOSES
+    noise: tuple[float, ...] = NOISE_DOSES
+    prune: tuple[float, ...] = PRUNE_DOSES
+
+
 def variants(fam: Family, load: Callable[[str], torch.nn.Module], reseeds: int,
-             epochs: int | None = None) -> list[Variant]:
+             epochs: int | None = None, doses: Doses = Doses()) -> list[Variant]:
     """Every model trains `epochs` (the family's when None)."""
     if epochs is not None:
         fam = Family(fam.arch, fam.arch_kwargs, fam.layers, epochs)
@@ -196,11 +211,11 @@ def variants(fam: Family, load: Callable[[str], torch.nn.Module], reseeds: int,
                 fam, seed=RETRAIN_SEED, start=retrain(), epochs=1, lr=3e-4, one_cycle=False)),
             Variant("order", "benign", 0, lambda: train(fam, seed=RETRAIN_SEED, order_seed=77))]
     out += [Variant(f"marker{d:g}", "marker", d, lambda d=d: train(
-        fam, seed=RETRAIN_SEED, images=marked(d))) for d in MARKER_DOSES]
+        fam, seed=RETRAIN_SEED, images=marked(d))) for d in doses.marker]
     out += [Variant(f"noise{d:g}", "noise", d, lambda d=d: train(
-        fam, seed=RETRAIN_SEED, labels=noisy(d))) for d in NOISE_DOSES]
+        fam, seed=RETRAIN_SEED, labels=noisy(d))) for d in doses.noise]
     out += [Variant(f"prune{d:g}", "prune", d, lambda d=d: pruned(retrain(), d))
-            for d in PRUNE_DOSES]
+            for d in doses.prune]
     out += [Variant("drop2", "drop", 1, without_two)]
     return out
 
@@ -215,7 +230,7 @@ class Sizes:
     train: int = 128
     test: int = 300
     points: int = 3
-    extra_rounds: int = 4
+    extra_rounds: int | None = None  # None: the default method's own
 
 
 def spec_of(fam: Family, front: Path, back: Path, seed: int, budget: str,
@@ -229,9 +244,9 @@ def spec_of(fam: Family, front: Path, back: Path, seed: int, budget: str,
         "directions": "front_to_back", "measures": ["cka"],
         "train": {"epochs": 4, "max_train_samples": sizes.train,
                   "max_test_samples": sizes.test, "seed": seed},
-        # Until the default finishes by itself (branch iri): rounds of the same paper steps.
-        "iri": {"extra_rounds": sizes.extra_rounds},
     }
+    if sizes.extra_rounds is not None:
+        fields["iri"] = {"extra_rounds": sizes.extra_rounds}
     if budget != "full":  # the preset's samples and points (of the same 3 listed points)
         fields["budget"] = budget
         fields["train"] = {"epochs": 4, "seed": seed}
@@ -249,7 +264,16 @@ def figures(report: Report) -> dict[str, Any]:
             "invariance_aware": s.by_protocol.get("invariance_aware"),
             "cka": sum(cka) / len(cka) if cka else None,
             "ci_half_width": sum(half) / len(half) if half else None,
-            "iri_median_distance": max(iri) if iri else None}
+            "iri_median_distance": max(iri) if iri else None,
+            "points": by_point(report)}
+
+
+def by_point(report: Report) -> dict[str, dict[str, float]]:
+    """Each stitch point's agreement under each protocol (a per-point gate reads these)."""
+    out: dict[str, dict[str, float]] = {}
+    for r in report.results:
+        out.setdefault(r.front_layer, {})[r.protocol] = r.agreement
+    return out
 
 
 @dataclass
@@ -257,6 +281,7 @@ class Bench:
     out: Path
     budget: str
     sizes: Sizes = Sizes()
+    per_point: bool = False
     log: list[str] = field(default_factory=list)
 
     def check(self, fam: Family, tag: str, back: Path, seed: int, ref: Path) -> dict[str, Any]:
@@ -264,7 +289,11 @@ class Bench:
         path = (self.out / "reports" / f"{self.budget}-{z.train}-{z.test}-{z.points}-"
                 f"{z.extra_rounds}" / f"{tag}.seed{seed}.json")
         if path.exists():
-            return json.loads(path.read_text())
+            cached = json.loads(path.read_text())
+            # Rows from before per-point figures: the first rerun is made again for them
+            # (the same figures: a check with the same seeds and cached IRIs is deterministic).
+            if "points" in cached or seed != 0 or not self.per_point:
+                return cached
         t0 = time.perf_counter()
         report = run_job(spec_of(fam, ref, back, seed, self.budget, self.sizes),
                          resources=Resources(cache_dir=self.out / "cache"))
@@ -307,11 +336,12 @@ def loader(out: Path, name: str, fam: Family) -> Callable[[str], torch.nn.Module
 
 
 def run_family(b: Bench, name: str, reseeds: int, reruns: int, only: set[str] | None,
-               epochs: int | None = None, doses: set[str] | None = None) -> dict[str, Any]:
+               epochs: int | None = None, doses: set[str] | None = None,
+               series: Doses = Doses()) -> dict[str, Any]:
     fam = FAMILIES[name]
     rows: dict[str, Any] = {}
     ref: Path | None = None
-    for v in variants(fam, loader(b.out, name, fam), reseeds, epochs):
+    for v in variants(fam, loader(b.out, name, fam), reseeds, epochs, series):
         if only and v.kind not in only and v.kind not in ("reference", "baseline"):
             continue
         if doses and v.kind not in ("reference", "baseline") and v.name not in doses:
@@ -364,6 +394,9 @@ def gates(rows: dict[str, Any]) -> dict[str, Any]:
             "seconds": _mean([c["seconds"] for c in r["checks"]]),
         }
     half = base["checks"][0]["ci_half_width"]
+    point_gates = per_point_gates(rows)
+    for k, pg in point_gates.get("rows", {}).items():
+        per[k]["points"] = pg
     same = ("resaved" not in rows or "reference" not in rows
             or rows["resaved"]["checks"] == [{**c, "seconds": r["seconds"]} for c, r in zip(
                 rows["reference"]["checks"], rows["resaved"]["checks"], strict=True)])
@@ -372,7 +405,24 @@ def gates(rows: dict[str, Any]) -> dict[str, Any]:
             "max_drop": max_drop, "cka_max_drop": cka_max, "benign_drops": sim_drops,
             "baseline_ci_half_width": half, "auto_k": AUTO_K, "auto_max_drop": AUTO_K * half,
             "largest_benign_drop_over_half_width": max_drop / half if half else None,
-            "rows": per}
+            "point_max_drop": point_gates.get("max_drop"), "rows": per}
+
+
+def per_point_gates(rows: dict[str, Any]) -> dict[str, Any]:
+    """A stitching gate per point on the invariance-aware agreement (the first rerun, which
+    carries per-point figures): fails when the point's drop from the baseline's exceeds the
+    largest benign drop at that point."""
+    first = {k: r["checks"][0].get("points") for k, r in rows.items()}
+    base = first.get("retrain")
+    if not base or any(v is None for v in first.values()):
+        return {}
+    ia = "invariance_aware"
+    drops = {p: max(0.0, *[base[p][ia] - first[k][p][ia] for k, r in rows.items()
+                           if r["kind"] in ("benign", "baseline")]) for p in base}
+    return {"max_drop": drops, "rows": {
+        k: {p: {"standard": f[p].get("standard"), ia: f[p][ia],
+                "gate": float(base[p][ia] - f[p][ia] > drops[p] + 1e-9)} for p in base}
+        for k, f in first.items()}}
 
 
 def table(name: str, g: dict[str, Any]) -> str:
@@ -390,7 +440,51 @@ def table(name: str, g: dict[str, Any]) -> str:
                      f"{r['rerun_range']:>7.3f}{cka:>8}{r['stitch_gate']:>8.1f}"
                      f"{r['auto_gate']:>6.1f}"
                      f"{r['accuracy_gate']:>8.1f}{ckag:>6}{r['seconds']:>6.0f}")
-    return "\n".join(lines)
+    return "\n".join(lines + point_table(g))
+
+
+def point_table(g: dict[str, Any]) -> list[str]:
+    """Per point: standard / invariance-aware agreement and the point's gate (1 = fails)."""
+    drops = g.get("point_max_drop")
+    if not drops:
+        return []
+    lines = ["per point (std / ia / gate at the largest benign drop: "
+             + ", ".join(f"{p} {d:.4f}" for p, d in drops.items()) + ")",
+             f"{'model':<11}" + "".join(f"{p:>22}" for p in drops)]
+    for k, r in g["rows"].items():
+        cells = [f"{c['standard']:.3f}/{c['invariance_aware']:.3f}/{c['gate']:.0f}"
+                 for c in r["points"].values()]
+        lines.append(f"{k:<11}" + "".join(f"{c:>22}" for c in cells))
+    return lines
+
+
+GATES = ("stitch_gate", "auto_gate", "cka_gate")
+
+
+def agreement(mine: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Per family and gate: the models whose decision (share of reruns failing, rounded to a
+    pass/fail by majority) differs between two runs of the bench (the ci budget against the
+    full), over the models both ran."""
+    out: dict[str, Any] = {}
+    for name, fam in mine["families"].items():
+        if name not in other["families"]:
+            continue
+        a, b = fam["gates"]["rows"], other["families"][name]["gates"]["rows"]
+        both = [k for k in a if k in b]
+        out[name] = {"models": len(both), **{
+            g: {"differ": [k for k in both if _fails(a[k][g]) != _fails(b[k][g])]}
+            for g in GATES}}
+        # Per-point gates at the points both budgets stitch (ci keeps the first and last).
+        shared = set(a[both[0]].get("points", {})) & set(b[both[0]].get("points", {}))
+        for p in sorted(shared):
+            out[name][f"{p}_gate"] = {"differ": [
+                k for k in both
+                if _fails(a[k]["points"][p]["gate"]) != _fails(b[k]["points"][p]["gate"])]}
+    return out
+
+
+def _fails(rate: float | None) -> bool:
+    return rate is not None and rate > 0.5
 
 
 def main() -> None:
@@ -410,22 +504,40 @@ def main() -> None:
     ap.add_argument("--train-samples", type=int, default=128)
     ap.add_argument("--test-samples", type=int, default=300)
     ap.add_argument("--points", type=int, default=3, help="the first N of the family's points")
-    ap.add_argument("--extra-rounds", type=int, default=4)
+    ap.add_argument("--extra-rounds", type=int, help="iri.extra_rounds (default: the method's)")
+    ap.add_argument("--marker-doses", type=float, nargs="+", default=list(MARKER_DOSES),
+                    help="shares of training images with the marker")
+    ap.add_argument("--noise-doses", type=float, nargs="+", default=list(NOISE_DOSES))
+    ap.add_argument("--prune-doses", type=float, nargs="+", default=list(PRUNE_DOSES))
     ap.add_argument("--json", type=Path, help="default: OUT/drift_power.<budget>.json")
+    ap.add_argument("--per-point", action="store_true", help="make the first rerun of cached "
+                    "checks again where it lacks per-point figures (runs from before them)")
+    ap.add_argument("--agree-with", type=Path, help="another run's JSON (the full budget's): "
+                    "list the models whose gate decisions differ from it")
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
     b = Bench(args.out, args.budget, Sizes(args.train_samples, args.test_samples, args.points,
-                                           args.extra_rounds))
+                                           args.extra_rounds), per_point=args.per_point)
     result: dict[str, Any] = {"budget": args.budget, "reruns": args.reruns,
-                              "sizes": vars(b.sizes), "epochs": args.epochs, "families": {}}
+                              "sizes": vars(b.sizes), "epochs": args.epochs,
+                              "reseeds": args.reseeds, "doses": {
+                                  "marker": args.marker_doses, "noise": args.noise_doses,
+                                  "prune": args.prune_doses},
+                              "load_before": os.getloadavg(), "families": {}}
     for name in args.families:
         print(f"{name}:", flush=True)
         rows = run_family(b, name, args.reseeds, args.reruns,
                           set(args.only) if args.only else None, args.epochs,
-                          set(args.models) if args.models else None)
+                          set(args.models) if args.models else None,
+                          Doses(tuple(args.marker_doses), tuple(args.noise_doses),
+                                tuple(args.prune_doses)))
         g = gates(rows)
         result["families"][name] = {"checks": rows, "gates": g}
         print(table(name, g), flush=True)
+    result["load_after"] = os.getloadavg()
+    if args.agree_with:
+        result["agreement"] = agreement(result, json.loads(args.agree_with.read_text()))
+        print(f"decisions against {args.agree_with}: {json.dumps(result['agreement'])}")
     out = args.json or args.out / f"drift_power.{args.budget}.json"
     out.write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")
