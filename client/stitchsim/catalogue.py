@@ -329,7 +329,8 @@ BUDGETS: Kind[BudgetEntry] = Kind("budget", (
         "pull request: 64 training samples for the stitch and its IRIs, 200 test samples, "
         "at most 2 stitch points (the first and the last); fields the spec sets win. On "
         "the drift series of bench/drift_power.py its --max-drop auto decisions were the "
-        "full budget's (a reduced run: docs/benchmarks.md, Drift power)",
+        "full budget's for the demo's models (20 of 20), not for a tiny ConvNeXt (18 of 20): "
+        "docs/benchmarks.md, Drift power",
         train=(("max_train_samples", 64), ("max_test_samples", 200)), points=2),
 ))
 
