@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
 import os
 import re
 import shutil
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from stitchsim.failure import Failure
+from stitchsim.files.digest import sha256_hex
 
 OBJECT_ID = re.compile(r"^sha256:([0-9a-f]{64})$")
 KINDS = ("checkpoints", "datasets")
@@ -246,7 +246,7 @@ class FsspecStore:
         part = dest.with_name(dest.name + f".{uuid.uuid4().hex}.part")
         self.fs.get_file(self._path(key), str(part))
         expected = key.rsplit("/", 1)[-1].split(".", 1)[0]
-        if len(expected) == 64 and _sha256_file(part) != expected:
+        if len(expected) == 64 and sha256_hex(part) != expected:
             part.unlink(missing_ok=True)
             raise StoreError(f"object {key} in {self.url} does not match its hash")
         os.replace(part, dest)
@@ -267,14 +267,6 @@ class FsspecStore:
             return []
         strip = len(self.base) + 1
         return sorted(p[strip:] for p in found)
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def open_store(url: str) -> Store:

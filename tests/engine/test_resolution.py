@@ -16,10 +16,10 @@ from safetensors.torch import save_file
 from stitchsim import catalogue
 from stitchsim.models import IRISettings, Report, Spec
 from stitchsim_worker.engine import Resources
-from stitchsim_worker.engine.iri.synthesis import cache_key
 from stitchsim_worker.engine.core.context import JobContext
-from stitchsim_worker.engine.job.prepare import prepare
 from stitchsim_worker.engine.core.progress import Tracker
+from stitchsim_worker.engine.iri.synthesis import cache_key
+from stitchsim_worker.engine.job.prepare import prepare
 from stitchsim_worker.engine.models.loading import save_checkpoint
 
 from tests.engine.jobs import layers, run

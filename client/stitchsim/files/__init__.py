@@ -8,5 +8,6 @@ before an upload, in the gateway on upload and in the engine before loading.
     dataset  the dataset schema: the one validator of an image-classification file
     model_config  a model folder's config.json / preprocessor_config.json: JSON, capped, no
              remote code, and what it says (architecture, kwargs, preprocessing)
+    digest   a file's SHA-256 (an object's id)
     folder   a save_pretrained / timm hub folder packed into one file carrying its config
 """

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -30,6 +29,7 @@ from stitchsim.errors import (
     UsageError,
 )
 from stitchsim.files.dataset import check_dataset
+from stitchsim.files.digest import object_id
 from stitchsim.files.errors import SafetensorsError
 from stitchsim.files.folder import is_model_folder, pack_model_folder
 from stitchsim.files.header import read_header
@@ -60,13 +60,8 @@ ModelLike = PathLike | ModelRef | Mapping[str, Any]
 _Stored = TypeVar("_Stored", StoredObject, DatasetInfo)
 
 
-def file_sha256(path: PathLike, chunk_size: int = 1 << 20) -> str:
-    """The id the service stores a file under: "sha256:" + hex digest of its bytes."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk_size):
-            h.update(block)
-    return "sha256:" + h.hexdigest()
+file_sha256 = object_id
+"""The id the service stores a file under: "sha256:" + hex digest of its bytes."""
 
 
 def client_settings(base_url: str | None, api_key: str | None, retries: int | None) -> Any:

@@ -41,6 +41,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from stitchsim.files.digest import sha256_hex
 from stitchsim_worker.engine.core.bank import Bank, BankBuilder
 
 log = logging.getLogger(__name__)
@@ -218,14 +219,6 @@ def read_blob(path: Path) -> tuple[dict[str, np.ndarray], dict[str, torch.dtype]
     return arrays, dtypes
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def salt(device: torch.device, bf16: bool) -> dict[str, object]:
     """What changes an entry's bytes besides its own key: the same work on another device type,
     at another precision or under another torch may differ in its last bits, and a warm run must
@@ -274,7 +267,7 @@ class ReferenceCache:
             path = self.store.local_file(blob_key)
             if path is None:
                 raise ValueError("its blob is gone (pruned)")
-            if file_sha256(path) != digest:
+            if sha256_hex(path) != digest:
                 raise ValueError("its blob does not match its hash")
             arrays, dtypes = read_blob(path)
         except (OSError, ValueError, KeyError, TypeError, json.JSONDecodeError) as e:

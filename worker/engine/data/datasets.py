@@ -16,10 +16,10 @@ import torch.nn.functional as F
 from stitchsim.datasets import BUILTIN
 from stitchsim.failure import Failure
 from stitchsim.files.dataset import DatasetFileInfo, check_dataset, read_labels
+from stitchsim.files.digest import object_id
 from stitchsim.files.errors import SafetensorsError
 from stitchsim.files.header import read_header
 from stitchsim.models import BUILTIN_DATASETS, LocalPath, TrainSettings
-from stitchsim_worker.engine.core.refcache import file_sha256
 from stitchsim_worker.engine.core.resources import Resources
 from stitchsim_worker.engine.data.pixels import Pixels
 from stitchsim_worker.engine.data.shapes import make_shapes
@@ -231,7 +231,7 @@ def load_file(path: Path, dataset_id: str) -> Dataset:
         raise Failure("invalid_dataset", f"dataset is not a readable safetensors file: {e}") from e
     return Dataset(
         name=dataset_id or path.name,
-        digest=dataset_id or f"sha256:{file_sha256(path)}",
+        digest=dataset_id or object_id(path),
         train=sets["train"],
         test=sets["test"],
         n_classes=info.n_classes or 0,

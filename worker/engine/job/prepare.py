@@ -10,10 +10,10 @@ import torch
 from stitchsim import catalogue
 from stitchsim.catalogue import CONTROLS, OBJECTIVES, OUTPUT_KINDS, PROTOCOLS
 from stitchsim.failure import Failure
+from stitchsim.files.digest import object_id
 from stitchsim.models import ModelRef, Spec
 from stitchsim.models.spec import thin_points
 from stitchsim_worker.engine.core.errors import JobCancelled
-from stitchsim_worker.engine.core.refcache import file_sha256
 from stitchsim_worker.engine.core.resources import CancelFn, Resources
 from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
 from stitchsim_worker.engine.models.loading import LoadedModel, build_model
@@ -71,7 +71,7 @@ def _model(
                 "labels")
         model.choice = replace(model.choice, info=model.choice.info.model_copy(
             update={"note": note}), pending=())
-    return model, ckpt_id or f"sha256:{file_sha256(path)}"
+    return model, ckpt_id or object_id(path)
 
 
 def check_protocols(spec: Spec, data: Dataset, front_data: Dataset | None,
