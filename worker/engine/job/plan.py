@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from stitchsim.models import Direction, Protocol, Spec
-from stitchsim_worker.engine.core.context import JobContext, cut_label
+from stitchsim.models import Direction, Protocol, ResultRow, Spec
+from stitchsim_worker.engine.core.context import Cut, JobContext, cut_label
 from stitchsim_worker.engine.core.costs import Sizes
 from stitchsim_worker.engine.core.progress import Plan
 from stitchsim_worker.engine.core.step import JobRun, Pair, Step, plan_of
@@ -20,12 +20,13 @@ from stitchsim_worker.engine.iri.synthesis import round_lengths
 from stitchsim_worker.engine.job.measuring import measure_units
 from stitchsim_worker.engine.job.prepare import Prepared
 from stitchsim_worker.engine.protocols.controls import CONTROL_IMPLS, controls_to_run
-from stitchsim_worker.engine.protocols.fitting import (
-    protocol_rows,
-    protocol_rows_units,
-    training_inputs,
+from stitchsim_worker.engine.protocols.fitting import protocol_steps, training_inputs
+from stitchsim_worker.engine.stitching.activations import (
+    InputSet,
+    Split,
+    test_split,
+    test_split_units,
 )
-from stitchsim_worker.engine.stitching.activations import Split, test_split, test_split_units
 
 
 def job_steps(spec: Spec, sizes: Sizes, pairs: Sequence[Pair]) -> list[Step]:
@@ -35,7 +36,7 @@ def job_steps(spec: Spec, sizes: Sizes, pairs: Sequence[Pair]) -> list[Step]:
     steps = [Step("prepare", JobContext.open_units(spec, sizes), _open)]
     for n, direction in enumerate(spec.direction_list()):
         for pair in pairs:
-            steps.append(_comparison(spec, sizes, direction, pair))
+            steps += _comparison(spec, sizes, direction, pair)
             if spec.measures:
                 steps.append(Step(f"measures {cut_label(direction, pair)}",
                                   measure_units(spec, sizes, first_direction=n == 0),
@@ -64,21 +65,25 @@ def _open(job: JobRun) -> None:
     job.ctx.open()
 
 
-def _comparison(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair) -> Step:
+def _comparison(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair) -> list[Step]:
     """Every protocol and objective at one stitch pair: its test split, then every
     protocol's training split and fits."""
-    units = test_split_units(sizes) + protocol_rows_units(spec, sizes, [sizes.test])
+    label = cut_label(direction, pair)
 
-    def run(job: JobRun) -> None:
+    def begin(job: JobRun) -> tuple[Cut, InputSet, list[Split]]:
         ctx = job.ctx
         cut = ctx.cut(direction, pair)
-        test, made = test_split(ctx, cut), dict[Protocol, Split]()
-        (found,) = protocol_rows(ctx, cut, training_inputs(ctx), [test], made=made)
+        return cut, training_inputs(ctx), [test_split(ctx, cut)]
+
+    def finish(job: JobRun, rows: list[list[ResultRow]], tests: list[Split],
+               made: dict[Protocol, Split]) -> None:
+        (found,), (test,) = rows, tests
         job.results += found
         if spec.measures:  # kept for the measures step right after, which reads them
             job.splits[(direction, pair)] = (test, made)
 
-    return Step(f"stitch {cut_label(direction, pair)}", units, run)
+    return protocol_steps(spec, sizes, (f"stitch {label}", test_split_units(sizes)), begin,
+                          finish, label, [sizes.test])
 
 
 def _measures(direction: Direction, pair: Pair) -> Callable[[JobRun], None]:

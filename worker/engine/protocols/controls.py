@@ -31,14 +31,14 @@ from stitchsim_worker.engine.protocols.cues import CUE_IMPLS
 from stitchsim_worker.engine.protocols.fitting import (
     alignment_points,
     fit,
-    fit_units,
     make_row,
-    protocol_rows,
-    protocol_rows_units,
+    protocol_steps,
+    seed_units,
     training_inputs,
 )
 from stitchsim_worker.engine.stitching.activations import (
     InputSet,
+    Split,
     images_split,
     test_split,
     test_split_units,
@@ -137,7 +137,8 @@ def _classes(ctx: JobContext, train_out: torch.Tensor, test_out: torch.Tensor
 def _clustered_noise_units(spec: Spec, sizes: Sizes) -> Units:
     """One cut: the real training split (both models), the test split, and a fit per sigma."""
     real = Units(forward=2 * passes(sizes.train, EVAL_BATCH)) + test_split_units(sizes)
-    per_sigma = fit_units(spec, sizes.train, [sizes.test])
+    per_sigma = sum((seed_units(spec, o, sizes.train, [sizes.test]) for o in spec.objectives),
+                    Units()) * spec.train.seeds
     return real + per_sigma * len(spec.control_settings.noise_sigmas)
 
 
@@ -147,18 +148,31 @@ register_control(self_cut_control("clustered_noise", _clustered_noise, _clustere
 # ---------------------------------------------------------------- identity: the ceiling
 
 
-def _identity(ctx: JobContext, cut: Cut) -> list[ResultRow]:
-    (found,) = protocol_rows(ctx, cut, training_inputs(ctx), [test_split(ctx, cut)],
-                             control="identity")
-    return found
+def _identity_steps(spec: Spec, sizes: Sizes, direction: Direction, pairs: Sequence[Pair]
+                    ) -> list[Step]:
+    """The protocols on the back model stitched into itself at each pair's back point."""
+    steps = []
+    for pair in pairs:
+        model, point = self_point(direction, pair)
+
+        def begin(job: JobRun, pair: Pair = pair) -> tuple[Cut, InputSet, list[Split]]:
+            cut = job.ctx.self_cut(direction, pair)
+            return cut, training_inputs(job.ctx), [test_split(job.ctx, cut)]
+
+        steps += protocol_steps(spec, sizes, (f"control identity {model} {point}",
+                                              test_split_units(sizes)),
+                                begin, _keep_control_rows, f"{direction} {point}->{point}",
+                                [sizes.test], control="identity")
+    return steps
 
 
-def _identity_units(spec: Spec, sizes: Sizes) -> Units:
-    return test_split_units(sizes) + protocol_rows_units(spec, sizes, [sizes.test],
-                                                         control=True)
+def _keep_control_rows(job: JobRun, rows: list[list[ResultRow]], _tests: list[Split],
+                       _made: dict) -> None:
+    (found,) = rows
+    job.controls.extend(found)
 
 
-register_control(self_cut_control("identity", _identity, _identity_units))
+register_control(ControlImpl(name="identity", steps=_identity_steps))
 
 
 # ---------------------------------------------------------------- shortcut: the unseen-cue suite
@@ -221,19 +235,22 @@ def _shortcut_steps(spec: Spec, sizes: Sizes, direction: Direction, pairs: Seque
     versus cues rolled by one class. Agreement that follows the cue is excessive agreement.
     One step per cue and pair; a cue's marked inputs are made by its first step and kept
     for the pairs after it (then let go)."""
-    per_cut = _shortcut_units(spec, sizes)
+    # Two test splits of marked images (right and rolled cues), both models on each.
+    marked = Units(forward=2 * 2 * passes(sizes.test, EVAL_BATCH))
     cues, steps = _Cues(), []
     for name in spec.control_settings.cues:
         for n, pair in enumerate(pairs):
-            steps.append(Step(f"control shortcut {name} {cut_label(direction, pair)}", per_cut,
-                              _shortcut_step(name, direction, pair, cues,
-                                             last=n == len(pairs) - 1)))
+            label = cut_label(direction, pair)
+            steps += protocol_steps(
+                spec, sizes, (f"control shortcut {name} {label}", marked),
+                _shortcut_begin(name, direction, pair, cues, last=n == len(pairs) - 1),
+                _shortcut_finish(name), label, [sizes.test] * 2, control="shortcut")
     return steps
 
 
-def _shortcut_step(name: str, direction: Direction, pair: Pair, cues: _Cues,
-                   last: bool) -> Callable[[JobRun], None]:
-    def run(job: JobRun) -> None:
+def _shortcut_begin(name: str, direction: Direction, pair: Pair, cues: _Cues, last: bool
+                    ) -> Callable[[JobRun], tuple[Cut, InputSet, list[Split]]]:
+    def begin(job: JobRun) -> tuple[Cut, InputSet, list[Split]]:
         ctx = job.ctx
         if cues.classes is None:  # once a direction, for every cue
             cues.classes = _classes_to_mark(ctx, direction)
@@ -242,21 +259,23 @@ def _shortcut_step(name: str, direction: Direction, pair: Pair, cues: _Cues,
         marked = cues.marked.pop(name) if last else cues.marked[name]
         cut, labels = ctx.cut(direction, pair), ctx.prep.data.test.labels
         tests = [images_split(ctx, cut, x, labels) for x in (marked.right, marked.rolled)]
-        right, rolled = protocol_rows(ctx, cut, marked.inputs, tests, control="shortcut")
+        return cut, marked.inputs, tests
+
+    return begin
+
+
+def _shortcut_finish(name: str) -> Callable[[JobRun, list[list[ResultRow]], list[Split], dict],
+                                            None]:
+    def finish(job: JobRun, rows: list[list[ResultRow]], _tests: list[Split],
+               _made: dict) -> None:
+        right, rolled = rows
         for r, q in zip(right, rolled, strict=True):
             job.controls.append(r.model_copy(update={
                 "cue": name, "rolled_agreement": q.agreement,
                 "excessive_agreement": r.agreement - q.agreement,
             }))
 
-    return run
-
-
-def _shortcut_units(spec: Spec, sizes: Sizes) -> Units:
-    """One cue at one cut: two test splits of marked images (right and rolled cues), both
-    models on each, and the protocols' fits on the marked training inputs."""
-    marked = Units(forward=2 * 2 * passes(sizes.test, EVAL_BATCH))
-    return marked + protocol_rows_units(spec, sizes, [sizes.test] * 2, control=True)
+    return finish
 
 
 register_control(ControlImpl(name="shortcut", steps=_shortcut_steps))

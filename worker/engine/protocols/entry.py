@@ -36,7 +36,7 @@ class ProtocolImpl:
     train_split: TrainSplitFn
     """(ctx, cut, training inputs, back alignment points) -> split to fit T on, and stats."""
     cost: Callable[[Spec, int], Units]
-    """Work units its training split of n inputs takes (the fits are costs.fit_units)."""
+    """Work units its training split of n inputs takes (the fits are fitting.seed_units)."""
     augment: Callable[[JobContext, Cut, list[str], float], Augment] | None = None
     """(ctx, cut, back alignment points, alpha) -> what rewrites each training batch against
     the stitch being trained (adversarial; alpha is the share of the batch it attacks)."""
