@@ -4,8 +4,8 @@ it, and the runner runs it in order, entering each step's stage, so the count an
 cannot drift apart. The list goes down to the fit: at each cut, a step makes its test
 splits, then each protocol's training split is a step and each of its fits (alpha x objective
 x seed) is one (protocols/fitting.protocol_steps), each built with its units beside its run.
-The batches inside report them as they go (Tracker.step); tests/engine/test_progress_accounting.py holds every step's
-report to its count."""
+The batches inside report them as they go (Tracker.step);
+tests/engine/test_progress_accounting.py holds every step's report to its count."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The controls (docs/method.md), one registered entry each: reference runs that say how to read a
 comparison's figures (a ceiling, a floor, a shortcut probe). Each runs per direction as steps
-of the job (core/step.py: one per stitch pair, or per cue and pair), each with its work units, and
-returns rows shaped like the comparison's, with a `control` key. What a control is called and
+of the job (core/step.py: at each stitch pair, or cue and pair, a step that makes its splits,
+then one per fit), each with its work units beside its run, and returns rows shaped like the
+comparison's, with a `control` key. What a control is called and
 how it is drawn are its catalogue entry's (stitchsim.catalogue.CONTROLS). Adding one is its
 catalogue entry plus one `register_control` call here, under the same name.
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 from stitchsim import catalogue
-from stitchsim.models import Control, Direction, ResultRow, Spec
+from stitchsim.models import Control, Direction, Objective, ResultRow, Spec
 from stitchsim_worker.engine.core.context import (
     EVAL_BATCH,
     Cut,
@@ -29,11 +30,13 @@ from stitchsim_worker.engine.data.datasets import clustered_noise
 from stitchsim_worker.engine.measures.pseudo import pseudo_classes
 from stitchsim_worker.engine.protocols.cues import CUE_IMPLS
 from stitchsim_worker.engine.protocols.fitting import (
+    Fitting,
     alignment_points,
-    fit,
+    fit_seed,
     make_row,
     protocol_steps,
     seed_units,
+    start_fit,
     training_inputs,
 )
 from stitchsim_worker.engine.stitching.activations import (
@@ -47,7 +50,6 @@ from stitchsim_worker.engine.stitching.activations import (
 )
 
 StepsFn = Callable[[Spec, Sizes, Direction, Sequence[Pair]], list[Step]]
-CutRows = Callable[[JobContext, Cut], list[ResultRow]]
 
 
 @dataclass(frozen=True)
@@ -69,27 +71,6 @@ def controls_to_run(spec: Spec) -> list[str]:
     return list(dict.fromkeys([*spec.controls, *needed]))
 
 
-def self_cut_control(name: Control, rows: CutRows, units: Callable[[Spec, Sizes], Units]
-                     ) -> ControlImpl:
-    """A control run as one step per stitch pair, on the back model stitched into itself at
-    the pair's back point (ctx.self_cut)."""
-
-    def steps(spec: Spec, sizes: Sizes, direction: Direction, pairs: Sequence[Pair]
-              ) -> list[Step]:
-        per_cut = units(spec, sizes)
-        return [Step(f"control {name} {' '.join(self_point(direction, pair))}", per_cut,
-                     _collect(rows, direction, pair)) for pair in pairs]
-
-    return ControlImpl(name=name, steps=steps)
-
-
-def _collect(rows: CutRows, direction: Direction, pair: Pair) -> Callable[[JobRun], None]:
-    def run(job: JobRun) -> None:
-        job.controls.extend(rows(job.ctx, job.ctx.self_cut(direction, pair)))
-
-    return run
-
-
 # ---------------------------------------------------------------- clustered noise: the floor
 
 _NOISE_CENTRES_SEED_OFFSET = 7
@@ -97,31 +78,84 @@ _NOISE_TRAIN_SEED, _NOISE_TEST_SEED = 11, 12
 """The floor's stitch is trained on the noise as the baseline protocol trains on images."""
 
 
-def _clustered_noise(ctx: JobContext, cut: Cut) -> list[ResultRow]:
+@dataclass
+class _Floor:
+    """What one cut's clustered-noise steps share: the noise splits per sigma, made by the
+    first step, and the running objective's fits."""
+
+    cut: Cut | None = None
+    splits: dict[float, tuple[Split, Split]] = field(default_factory=dict)
+    fitting: Fitting | None = None
+
+
+def _clustered_noise_steps(spec: Spec, sizes: Sizes, direction: Direction,
+                           pairs: Sequence[Pair]) -> list[Step]:
     """Class-clustered noise of the back stitch point's shape, through T into g>j, trained
     towards g's processing of the real inputs of the same class index: how much accuracy a
-    representation with no information but clusters already reaches."""
-    data, spec = ctx.prep.data, ctx.spec
-    centres_seed = spec.train.seed + _NOISE_CENTRES_SEED_OFFSET
-    rows = []
-    real_train = train_split(ctx, cut, ctx.train_pixels, data.train.labels,
-                             alignment_points(ctx, cut))
-    real_test = test_split(ctx, cut)
-    classes = _classes(ctx, real_train.back_logits.all(), real_test.back_logits.all())
-    shape = cut.g.shapes[cut.j]
-    for sigma in spec.control_settings.noise_sigmas:
-        train, test = (
-            split_with_inputs(real, ctx.bank(
-                clustered_noise(labels, shape, sigma, centres_seed, noise_seed)))
-            for real, labels, noise_seed in ((real_train, classes[0], _NOISE_TRAIN_SEED),
-                                             (real_test, classes[1], _NOISE_TEST_SEED))
-        )
-        for objective in spec.objectives:
-            result = fit(ctx, cut, objective, train, [test])
+    representation with no information but clusters already reaches. At each pair: a step
+    for the real splits (both models on the training split, the test split) and the noise,
+    then one per sigma, objective and seed."""
+    steps = []
+    for pair in pairs:
+        floor = _Floor()
+        real = Units(forward=2 * passes(sizes.train, EVAL_BATCH)) + test_split_units(sizes)
+        steps.append(Step(f"control clustered_noise {' '.join(self_point(direction, pair))}",
+                          real, _noise_splits(floor, direction, pair)))
+        for sigma in spec.control_settings.noise_sigmas:
+            for objective in spec.objectives:
+                for s in range(spec.train.seeds):
+                    steps.append(Step(None, seed_units(spec, objective, sizes.train,
+                                                       [sizes.test]),
+                                      _noise_fit(floor, sigma, objective, s), "control"))
+    return steps
+
+
+def _noise_splits(floor: _Floor, direction: Direction, pair: Pair
+                  ) -> Callable[[JobRun], None]:
+    def run(job: JobRun) -> None:
+        ctx = job.ctx
+        data, spec = ctx.prep.data, ctx.spec
+        cut = floor.cut = ctx.self_cut(direction, pair)
+        centres_seed = spec.train.seed + _NOISE_CENTRES_SEED_OFFSET
+        real_train = train_split(ctx, cut, ctx.train_pixels, data.train.labels,
+                                 alignment_points(ctx, cut))
+        real_test = test_split(ctx, cut)
+        classes = _classes(ctx, real_train.back_logits.all(), real_test.back_logits.all())
+        shape = cut.g.shapes[cut.j]
+        for sigma in spec.control_settings.noise_sigmas:
+            floor.splits[sigma] = tuple(  # type: ignore[assignment]
+                split_with_inputs(real, ctx.bank(
+                    clustered_noise(labels, shape, sigma, centres_seed, noise_seed)))
+                for real, labels, noise_seed in ((real_train, classes[0], _NOISE_TRAIN_SEED),
+                                                 (real_test, classes[1], _NOISE_TEST_SEED))
+            )
+
+    return run
+
+
+def _noise_fit(floor: _Floor, sigma: float, objective: Objective, s: int
+               ) -> Callable[[JobRun], None]:
+    """One seed's fit on one sigma's noise; the last seed's makes the objective's row."""
+
+    def run(job: JobRun) -> None:
+        ctx, cut = job.ctx, floor.cut
+        assert cut is not None
+        train, test = floor.splits[sigma]
+        if s == 0:
+            floor.fitting = start_fit(ctx, cut, objective)
+        assert floor.fitting is not None
+        fit_seed(ctx, cut, floor.fitting, s, train, [test])
+        if s == ctx.spec.train.seeds - 1:
+            result = floor.fitting.done()
             result.stitch = "clustered noise -> " + result.stitch
-            rows.append(make_row(ctx, cut, objective, catalogue.BASELINE_PROTOCOL, result.on(0),
-                                 test, result, control="clustered_noise", sigma=sigma))
-    return rows
+            job.controls.append(make_row(
+                ctx, cut, objective, catalogue.BASELINE_PROTOCOL, result.on(0), test, result,
+                control="clustered_noise", sigma=sigma))
+            if sigma == ctx.spec.control_settings.noise_sigmas[-1] \
+                    and objective == ctx.spec.objectives[-1]:
+                floor.splits.clear()  # the cut's noise is done with
+
+    return run
 
 
 def _classes(ctx: JobContext, train_out: torch.Tensor, test_out: torch.Tensor
@@ -134,15 +168,7 @@ def _classes(ctx: JobContext, train_out: torch.Tensor, test_out: torch.Tensor
     return pseudo_classes(train_out, test_out, ctx.spec.train.seed)
 
 
-def _clustered_noise_units(spec: Spec, sizes: Sizes) -> Units:
-    """One cut: the real training split (both models), the test split, and a fit per sigma."""
-    real = Units(forward=2 * passes(sizes.train, EVAL_BATCH)) + test_split_units(sizes)
-    per_sigma = sum((seed_units(spec, o, sizes.train, [sizes.test]) for o in spec.objectives),
-                    Units()) * spec.train.seeds
-    return real + per_sigma * len(spec.control_settings.noise_sigmas)
-
-
-register_control(self_cut_control("clustered_noise", _clustered_noise, _clustered_noise_units))
+register_control(ControlImpl(name="clustered_noise", steps=_clustered_noise_steps))
 
 
 # ---------------------------------------------------------------- identity: the ceiling

@@ -88,15 +88,6 @@ def fit_seed(ctx: JobContext, cut: Cut, fitting: Fitting, s: int, train: Split,
     ctx.tracker.focus(objective=None)
 
 
-def fit(ctx: JobContext, cut: Cut, objective: Objective, train: Split, tests: list[Split]
-        ) -> Fit:
-    """Every seed's fit in one go (a control's, which counts them as seed_units each)."""
-    fitting = start_fit(ctx, cut, objective)
-    for s in range(ctx.spec.train.seeds):
-        fit_seed(ctx, cut, fitting, s, train, tests)
-    return fitting.done()
-
-
 def seed_units(spec: Spec, objective: Objective, n_train: int, tests: Sequence[int], *,
                augmented: bool = False) -> Units:
     """fit_seed on n_train inputs, its stitched model run on each test split; an augmented
