@@ -9,7 +9,7 @@ tracker shows them at the share of the cap they are expected to take (progress.P
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from stitchsim.models import Direction, Protocol, ResultRow, Spec
 from stitchsim_worker.engine.core.context import Cut, JobContext, cut_label
@@ -17,7 +17,7 @@ from stitchsim_worker.engine.core.costs import Sizes
 from stitchsim_worker.engine.core.progress import Plan
 from stitchsim_worker.engine.core.step import JobRun, Pair, Step, plan_of
 from stitchsim_worker.engine.iri.synthesis import round_lengths
-from stitchsim_worker.engine.job.measuring import measure_units
+from stitchsim_worker.engine.job.measuring import measure_steps
 from stitchsim_worker.engine.job.prepare import Prepared
 from stitchsim_worker.engine.protocols.controls import CONTROL_IMPLS, controls_to_run
 from stitchsim_worker.engine.protocols.fitting import protocol_steps, training_inputs
@@ -38,9 +38,7 @@ def job_steps(spec: Spec, sizes: Sizes, pairs: Sequence[Pair]) -> list[Step]:
         for pair in pairs:
             steps += _comparison(spec, sizes, direction, pair)
             if spec.measures:
-                steps.append(Step(f"measures {cut_label(direction, pair)}",
-                                  measure_units(spec, sizes, first_direction=n == 0),
-                                  _measures(direction, pair)))
+                steps += measure_steps(spec, sizes, direction, pair, first_direction=n == 0)
     for name in controls_to_run(spec):
         for direction in spec.direction_list():
             steps += CONTROL_IMPLS[name].steps(spec, sizes, direction, pairs)
@@ -84,14 +82,6 @@ def _comparison(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair) -> l
 
     return protocol_steps(spec, sizes, (f"stitch {label}", test_split_units(sizes)), begin,
                           finish, label, [sizes.test])
-
-
-def _measures(direction: Direction, pair: Pair) -> Callable[[JobRun], None]:
-    def run(job: JobRun) -> None:
-        test, made = job.splits.pop((direction, pair))
-        job.measured.add(job.ctx, job.ctx.cut(direction, pair), test, made)
-
-    return run
 
 
 IRI_STEPS_EXPECTED = 100
