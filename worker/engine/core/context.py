@@ -44,6 +44,11 @@ def cut_label(direction: Direction, pair: tuple[str, str]) -> str:
     return f"{direction} {i}->{j}"
 
 
+def front_point(direction: Direction, pair: tuple[str, str]) -> tuple[str, str]:
+    """(model, point) of a cut's front part in this direction: where its IRIs are made."""
+    return ("front", pair[0]) if direction == "front_to_back" else ("back", pair[1])
+
+
 def self_point(direction: Direction, pair: tuple[str, str]) -> tuple[str, str]:
     """(model, point) of the back model's point a control stitches into itself."""
     return ("back", pair[1]) if direction == "front_to_back" else ("front", pair[0])

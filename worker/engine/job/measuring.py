@@ -20,7 +20,13 @@ from stitchsim.models import (
     Spec,
 )
 from stitchsim_worker.engine.core.bank import Bank
-from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext, cut_label
+from stitchsim_worker.engine.core.context import (
+    EVAL_BATCH,
+    Cut,
+    JobContext,
+    cut_label,
+    front_point,
+)
 from stitchsim_worker.engine.core.costs import Sizes, passes
 from stitchsim_worker.engine.core.progress import Units
 from stitchsim_worker.engine.core.step import JobRun, Pair, Step
@@ -35,7 +41,7 @@ from stitchsim_worker.engine.measures.similarity import (
     prepare,
 )
 from stitchsim_worker.engine.protocols import PROTOCOL_IMPLS
-from stitchsim_worker.engine.protocols.invariance_aware import iri_units
+from stitchsim_worker.engine.protocols.invariance_aware import iri_stage, iri_units
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
 
 _NOISE_CENTRES_SEED_OFFSET = 7  # the clustered-noise control's centres (controls.py)
@@ -98,11 +104,6 @@ class MeasureRun:
     plans: dict[int, Batching] = field(default_factory=dict)
     """The measures' batch plans by number of samples, shared by every cut."""
 
-    def views(self, ctx: JobContext, cut: Cut, test: Split, made: dict[Protocol, Split]
-              ) -> tuple[Views, Views]:
-        """The cut's activations on real test inputs and on the front model's IRIs."""
-        return self._real_views(ctx, cut, test), self._iri_views(ctx, cut, made)
-
     def measure(self, at: _AtMeasures, name: str) -> None:
         """One measure of one cut, with the ceiling and the floor."""
         assert at.cut is not None and at.prepared is not None
@@ -123,7 +124,7 @@ class MeasureRun:
             self._test_acts[key] = compute()
         return self._test_acts[key]
 
-    def _real_views(self, ctx: JobContext, cut: Cut, test: Split) -> Views:
+    def real_views(self, ctx: JobContext, cut: Cut, test: Split) -> Views:
         front = self._test_activation(cut.f.where, cut.i, lambda: test.inputs)
 
         def back_pass() -> Bank:
@@ -133,7 +134,7 @@ class MeasureRun:
         back = self._test_activation(cut.g.where, cut.j, back_pass)
         return Views(front, back, ctx.prep.data.test.labels, "test")
 
-    def _iri_views(self, ctx: JobContext, cut: Cut, made: dict[Protocol, Split]) -> Views:
+    def iri_views(self, ctx: JobContext, cut: Cut, made: dict[Protocol, Split]) -> Views:
         settings, data = ctx.spec.measure_settings, ctx.prep.data
         split = made.get(catalogue.IRI_PROTOCOL)
         iris = PROTOCOL_IMPLS[catalogue.IRI_PROTOCOL].train_split
@@ -210,19 +211,26 @@ def measure_steps(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair,
                   first_direction: bool) -> list[Step]:
     """The measures of one cut, after its comparison: a step for the activations on real
     test inputs and on the front model's IRIs, then one per measure (on both, with the
-    ceiling and the floor), in the stage `measures ...` (IRIs made here have their own)."""
+    ceiling and the floor), in the stage `measures ...`; IRIs made here are a step of their
+    own, in their stage."""
     stage, at = f"measures {cut_label(direction, pair)}", _AtMeasures()
     settings = spec.measure_settings
     n_iri = sizes.train if settings.iri_split == "train" else sizes.test
     # g_j's pass over the test split is kept for both directions: the first one makes it.
-    views = Units(forward=passes(sizes.test, EVAL_BATCH)) if first_direction else Units()
-    if settings.iri_split == "test" or catalogue.IRI_PROTOCOL not in spec.protocols:
-        views += Units(forward=2 * passes(n_iri, EVAL_BATCH), iri=iri_units(spec, n_iri))
+    real_units = Units(forward=passes(sizes.test, EVAL_BATCH)) if first_direction else Units()
+    makes_iris = settings.iri_split == "test" or catalogue.IRI_PROTOCOL not in spec.protocols
+    made: dict[Protocol, Split] = {}
 
-    def make_views(job: JobRun) -> None:
-        test, made = job.splits.pop((direction, pair))
+    def real_views(job: JobRun) -> None:
+        test, protocols_made = job.splits.pop((direction, pair))
+        made.update(protocols_made)
         at.cut = job.ctx.cut(direction, pair)
-        at.real, at.iri = job.measured.views(job.ctx, at.cut, test, made)
+        at.real = job.measured.real_views(job.ctx, at.cut, test)
+
+    def iri_views(job: JobRun) -> None:
+        assert at.cut is not None
+        at.iri = job.measured.iri_views(job.ctx, at.cut, made)
+        made.clear()
         at.noise = _noise(job.ctx, at.cut, (at.real, at.iri))
         at.prepared = _Prepared(job.ctx, job.measured.plans)
 
@@ -232,7 +240,13 @@ def measure_steps(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair,
     # Both models on real inputs and on IRIs, and the floor's noise beside each; the second
     # direction reuses the real figure, so it prepares the real inputs of the end model only.
     per_measure = Units(measure=(2 if first_direction else 1) * real + 2 * iri + floor)
-    steps = [Step(stage, views, make_views)]
+    steps = [Step(stage, real_units, real_views)]
+    if makes_iris:
+        steps.append(Step(iri_stage(*front_point(direction, pair)),
+                          Units(forward=2 * passes(n_iri, EVAL_BATCH), iri=iri_units(spec, n_iri)),
+                          iri_views, "measures"))
+    else:  # the IRIs the protocols made, in the stage before
+        steps.append(Step(None, Units(), iri_views, "measures"))
     for n, name in enumerate(spec.measures):
         # The first enters the stage again: the IRIs made for the views had one of their own.
         steps.append(Step(None if n else stage, per_measure, _measure(at, name), "measures"))

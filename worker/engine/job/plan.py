@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stitchsim.models import Direction, Protocol, ResultRow, Spec
-from stitchsim_worker.engine.core.context import Cut, JobContext, cut_label
+from stitchsim_worker.engine.core.context import Cut, JobContext, cut_label, front_point
 from stitchsim_worker.engine.core.costs import Sizes
 from stitchsim_worker.engine.core.progress import Plan
 from stitchsim_worker.engine.core.step import JobRun, Pair, Step, plan_of
@@ -81,7 +81,7 @@ def _comparison(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair) -> l
             job.splits[(direction, pair)] = (test, made)
 
     return protocol_steps(spec, sizes, (f"stitch {label}", test_split_units(sizes)), begin,
-                          finish, label, [sizes.test])
+                          finish, label, front_point(direction, pair), [sizes.test])
 
 
 IRI_STEPS_EXPECTED = 100

@@ -20,6 +20,7 @@ from stitchsim_worker.engine.core.context import (
     Cut,
     JobContext,
     cut_label,
+    front_point,
     self_point,
 )
 from stitchsim_worker.engine.core.costs import Sizes, passes
@@ -188,7 +189,7 @@ def _identity_steps(spec: Spec, sizes: Sizes, direction: Direction, pairs: Seque
         steps += protocol_steps(spec, sizes, (f"control identity {model} {point}",
                                               test_split_units(sizes)),
                                 begin, _keep_control_rows, f"{direction} {point}->{point}",
-                                [sizes.test], control="identity")
+                                (model, point), [sizes.test], control="identity")
     return steps
 
 
@@ -270,7 +271,8 @@ def _shortcut_steps(spec: Spec, sizes: Sizes, direction: Direction, pairs: Seque
             steps += protocol_steps(
                 spec, sizes, (f"control shortcut {name} {label}", marked),
                 _shortcut_begin(name, direction, pair, cues, last=n == len(pairs) - 1),
-                _shortcut_finish(name), label, [sizes.test] * 2, control="shortcut")
+                _shortcut_finish(name), label, front_point(direction, pair), [sizes.test] * 2,
+                control="shortcut")
     return steps
 
 

@@ -195,12 +195,13 @@ class _AtCut:
 
 
 def protocol_steps(spec: Spec, sizes: Sizes, opening: tuple[str, Units], begin: Begin,
-                   finish: Finish, label: str, tests: Sequence[int], *,
-                   control: Control | None = None) -> list[Step]:
+                   finish: Finish, label: str, front: tuple[str, str], tests: Sequence[int],
+                   *, control: Control | None = None) -> list[Step]:
     """Every protocol and objective at one cut, one step per piece: the opening step (its
     stage and units `opening`, its work `begin`), then for each protocol its training
     split, and a step for each alpha, objective and seed; the last hands the rows to
-    `finish`. `label` is the cut's (Cut.label), `tests` the sizes of the test splits."""
+    `finish`. `label` is the cut's (Cut.label), `front` its front part's (model, point) and
+`tests` the sizes of the test splits."""
     at = _AtCut()
 
     def open_cut(job: JobRun) -> None:
@@ -210,8 +211,8 @@ def protocol_steps(spec: Spec, sizes: Sizes, opening: tuple[str, Units], begin: 
     steps = [Step(*opening, open_cut)]
     for protocol in spec.protocols:
         if control is None or catalogue.PROTOCOLS[protocol].in_controls:
-            steps += _protocol_steps(spec, sizes, at, protocol, label, tests, control,
-                                     steps[0].part)
+            steps += _protocol_steps(spec, sizes, at, protocol, (label, front), tests,
+                                     control, steps[0].part)
     last = steps[-1]
 
     def run_last(job: JobRun) -> None:
@@ -222,11 +223,12 @@ def protocol_steps(spec: Spec, sizes: Sizes, opening: tuple[str, Units], begin: 
     return steps
 
 
-def _protocol_steps(spec: Spec, sizes: Sizes, at: _AtCut, protocol: Protocol, label: str,
-                    tests: Sequence[int], control: Control | None, part: str) -> list[Step]:
-    """One protocol at one cut: its training split, in the stage before it, then its fits,
-    each alpha, objective and seed a step, in its own train stage."""
-    entry = PROTOCOL_IMPLS[protocol]
+def _protocol_steps(spec: Spec, sizes: Sizes, at: _AtCut, protocol: Protocol,
+                    cut: tuple[str, tuple[str, str]], tests: Sequence[int],
+                    control: Control | None, part: str) -> list[Step]:
+    """One protocol at one cut: its training split (in its own stage, the IRIs', or the stage
+    before it), then its fits, each alpha, objective and seed a step, in its train stage."""
+    entry, (label, front) = PROTOCOL_IMPLS[protocol], cut
     n_fit, own = sizes.train, list(tests)
     split_units = entry.cost(spec, sizes.train)
     if entry.test_split is not None:  # its own data, and its own test split
@@ -242,7 +244,8 @@ def _protocol_steps(spec: Spec, sizes: Sizes, at: _AtCut, protocol: Protocol, la
         at.made[protocol] = at.train
         at.own = [entry.test_split(ctx, cut)] * len(at.tests) if entry.test_split else at.tests
 
-    steps = [Step(None, split_units, split, part)]
+    steps = [Step(entry.split_stage(*front) if entry.split_stage else None, split_units, split,
+                  part)]
     robust = spec.adversarial.evaluate and control is None and entry.test_split is None
     alphas = _alphas(spec, protocol)
     stage: str | None = f"train {label} {protocol}"
