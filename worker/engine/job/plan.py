@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stitchsim.models import Direction, Protocol, ResultRow, Spec
-from stitchsim_worker.engine.core.context import Cut, JobContext, cut_label, front_point
-from stitchsim_worker.engine.core.costs import Sizes
-from stitchsim_worker.engine.core.progress import Plan
+from stitchsim_worker.engine.core.context import Cut, cut_label, front_point
+from stitchsim_worker.engine.core.costs import Sizes, passes
+from stitchsim_worker.engine.core.progress import Plan, Units
 from stitchsim_worker.engine.core.step import JobRun, Pair, Step, plan_of
 from stitchsim_worker.engine.iri.synthesis import round_lengths
 from stitchsim_worker.engine.job.measuring import measure_steps
@@ -33,7 +33,7 @@ def job_steps(spec: Spec, sizes: Sizes, pairs: Sequence[Pair]) -> list[Step]:
     """The whole job in order: both models on the test split; in each direction the
     comparison at every stitch pair, each followed by its measures; then each control in
     each direction."""
-    steps = [Step("prepare", JobContext.open_units(spec, sizes), _open)]
+    steps = [_open(spec, sizes)]
     for n, direction in enumerate(spec.direction_list()):
         for pair in pairs:
             steps += _comparison(spec, sizes, direction, pair)
@@ -59,8 +59,13 @@ def job_plan(spec: Spec, steps: Sequence[Step]) -> Plan:
     return plan_of(steps, expect=iri_share_expected(spec))
 
 
-def _open(job: JobRun) -> None:
-    job.ctx.open()
+def _open(spec: Spec, sizes: Sizes) -> Step:
+    """JobContext.open: each model on its test split (the front model on its own task's
+    too), in training batches."""
+    n = 2 * passes(sizes.test, spec.train.batch_size)
+    if sizes.front_test is not None:
+        n += passes(sizes.front_test, spec.train.batch_size)
+    return Step("prepare", Units(forward=n), lambda job: job.ctx.open())
 
 
 def _comparison(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair) -> list[Step]:
