@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING
 import torch
 from stitchsim.models import Direction, Spec
 from stitchsim_worker.engine.core.bank import Bank, BankBuilder
-from stitchsim_worker.engine.core.costs import Sizes, passes
+from stitchsim_worker.engine.core.costs import passes
 from stitchsim_worker.engine.core.device import bf16_enabled
 from stitchsim_worker.engine.core.errors import JobCancelled
 from stitchsim_worker.engine.core.iri_cache import IRICache
-from stitchsim_worker.engine.core.progress import Tracker, Units
+from stitchsim_worker.engine.core.progress import Tracker
 from stitchsim_worker.engine.core.refcache import ReferenceCache, salt
 from stitchsim_worker.engine.core.resources import Resources
 
@@ -42,6 +42,11 @@ def points_of(direction: Direction, pair: tuple[str, str]) -> tuple[str, str]:
 def cut_label(direction: Direction, pair: tuple[str, str]) -> str:
     i, j = points_of(direction, pair)
     return f"{direction} {i}->{j}"
+
+
+def front_point(direction: Direction, pair: tuple[str, str]) -> tuple[str, str]:
+    """(model, point) of a cut's front part in this direction: where its IRIs are made."""
+    return ("front", pair[0]) if direction == "front_to_back" else ("back", pair[1])
 
 
 def self_point(direction: Direction, pair: tuple[str, str]) -> tuple[str, str]:
@@ -115,14 +120,6 @@ class JobContext:
             self.own_pixels["front"] = (own.train.pixels, own.test.pixels)
             self.own_test_logits["front"] = self._logits(prep.front, self.own_pixels["front"][1],
                                                          test_inputs(own.digest))
-
-    @staticmethod
-    def open_units(spec: Spec, sizes: Sizes) -> Units:
-        """open(): each model on its test split, in training batches."""
-        n = 2 * passes(sizes.test, spec.train.batch_size)
-        if sizes.front_test is not None:
-            n += passes(sizes.front_test, spec.train.batch_size)
-        return Units(forward=n)
 
     def _logits(self, net: Network, pixels: Bank, inputs: str) -> Bank:
         return self.model_compute(net, "logits", inputs, pixels, lambda x: (net.logits(x),),

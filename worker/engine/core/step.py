@@ -1,10 +1,11 @@
 """A step of a job: the stage it shows, the work units it takes and how it runs. A job is one
 list of steps (plan.py builds it): the spec check sums the list for the budget without running
 it, and the runner runs it in order, entering each step's stage, so the count and the run
-cannot drift apart. A step's units are counted beside the code that does the work (each
-protocol's, objective's, control's and measure's own `units`), and the batches inside report
-them as they go (Tracker.step); tests/engine/test_progress_accounting.py holds every step's
-report to its count."""
+cannot drift apart. The list goes down to the fit: at each cut, a step makes its test
+splits, then each protocol's training split is a step and each of its fits (alpha x objective
+x seed) is one (protocols/fitting.protocol_steps), each built with its units beside its run.
+The batches inside report them as they go (Tracker.step);
+tests/engine/test_progress_accounting.py holds every step's report to its count."""
 
 from __future__ import annotations
 
@@ -40,15 +41,19 @@ class JobRun:
 
 @dataclass(frozen=True)
 class Step:
-    stage: str
-    """What the progress shows while it runs; its first word is the part of the job it belongs
-    to (prepare, stitch, measures, control), which the report's stage timings group by."""
+    stage: str | None
+    """What the progress shows while it runs; None: it goes on in the stage of the step before
+    it (a protocol's training split, a fit of a stage's second seed)."""
     units: Units
     run: Callable[[JobRun], None]
+    part: str = ""
+    """The part of the job it belongs to (prepare, stitch, measures, control), which the
+    budget's breakdown groups by; by default its stage's first word."""
 
-    @property
-    def part(self) -> str:
-        return self.stage.split(" ")[0]
+    def __post_init__(self) -> None:
+        if not self.part:
+            assert self.stage is not None, "a step that opens no stage names its part"
+            object.__setattr__(self, "part", self.stage.split(" ")[0])
 
 
 def total(steps: Sequence[Step]) -> Units:
@@ -87,9 +92,10 @@ def run_steps(steps: Sequence[Step], job: JobRun, tracker: Tracker) -> list[Repo
     against its count (a mismatch names the step whose count is wrong)."""
     reported = []
     for n, step in enumerate(steps):
-        if n or tracker.stage != step.stage:  # the first goes on in the stage it opened with
+        # The first goes on in the stage the job opened with, as does a step with no stage.
+        if step.stage is not None and (n or tracker.stage != step.stage):
             tracker.enter(step.stage)
-        before = tracker.reported
+        stage, before = tracker.stage, tracker.reported
         step.run(job)
-        reported.append(Reported(step.stage, step.units, tracker.reported - before))
+        reported.append(Reported(stage, step.units, tracker.reported - before))
     return reported

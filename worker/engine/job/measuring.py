@@ -1,5 +1,6 @@
 """The measures in a job: on the activations the stitching computed, with their controls,
-and their work units as a step of the job (one a cut, after its comparison)."""
+as steps of the job (after each cut's comparison: its views, then one a measure), each with
+its work units beside its run."""
 
 from __future__ import annotations
 
@@ -12,15 +13,23 @@ import torch
 from stitchsim import catalogue
 from stitchsim.models import (
     Control,
+    Direction,
     MeasureInput,
     MeasureRow,
     Protocol,
     Spec,
 )
 from stitchsim_worker.engine.core.bank import Bank
-from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.core.context import (
+    EVAL_BATCH,
+    Cut,
+    JobContext,
+    cut_label,
+    front_point,
+)
 from stitchsim_worker.engine.core.costs import Sizes, passes
 from stitchsim_worker.engine.core.progress import Units
+from stitchsim_worker.engine.core.step import JobRun, Pair, Step
 from stitchsim_worker.engine.data.datasets import clustered_noise
 from stitchsim_worker.engine.measures.similarity import (
     MEASURE_IMPLS,
@@ -32,7 +41,7 @@ from stitchsim_worker.engine.measures.similarity import (
     prepare,
 )
 from stitchsim_worker.engine.protocols import PROTOCOL_IMPLS
-from stitchsim_worker.engine.protocols.invariance_aware import iri_units
+from stitchsim_worker.engine.protocols.invariance_aware import iri_stage, iri_units
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
 
 _NOISE_CENTRES_SEED_OFFSET = 7  # the clustered-noise control's centres (controls.py)
@@ -92,27 +101,22 @@ class MeasureRun:
     _test_acts: dict[tuple[str, str], Bank] = field(default_factory=dict)
     _real: dict[tuple[tuple[str, str], str], tuple[Estimate, float]] = field(
         default_factory=dict)
-    _plans: dict[int, Batching] = field(default_factory=dict)
+    plans: dict[int, Batching] = field(default_factory=dict)
+    """The measures' batch plans by number of samples, shared by every cut."""
 
-    def add(self, ctx: JobContext, cut: Cut, test: Split, made: dict[Protocol, Split]) -> None:
-        """The measures of one cut, as its step (stage `measures ...`): on real test inputs and
-        on the front model's IRIs, with the ceiling and the floor."""
-        real = self._real_views(ctx, cut, test)
-        iri = self._iri_views(ctx, cut, made)
-        # IRIs made here had a stage of their own: back to the step's.
-        ctx.tracker.enter(f"measures {cut.label}")
-        prepared = _Prepared(ctx, self._plans)
-        noise = _noise(ctx, cut, (real, iri))
-        for name in ctx.spec.measures:
-            # Both measures are symmetric, and the real samples are the same in both
-            # directions: the second direction reuses the first one's figure.
-            key = (cut.pair, name)
-            if key not in self._real:
-                self._real[key] = prepared.estimate(name, real.front, real.back)
-            self.rows.append(_row(cut, name, "real", real, *self._real[key]))
-            self.rows.append(_row(cut, name, "iri", iri,
-                                  *prepared.estimate(name, iri.front, iri.back)))
-            self.controls += _control_rows(prepared, cut, name, real, iri, noise)
+    def measure(self, at: _AtMeasures, name: str) -> None:
+        """One measure of one cut, with the ceiling and the floor."""
+        assert at.cut is not None and at.prepared is not None
+        cut, prepared, real, iri = at.cut, at.prepared, at.real, at.iri
+        # Both measures are symmetric, and the real samples are the same in both
+        # directions: the second direction reuses the first one's figure.
+        key = (cut.pair, name)
+        if key not in self._real:
+            self._real[key] = prepared.estimate(name, real.front, real.back)
+        self.rows.append(_row(cut, name, "real", real, *self._real[key]))
+        self.rows.append(_row(cut, name, "iri", iri,
+                              *prepared.estimate(name, iri.front, iri.back)))
+        self.controls += _control_rows(prepared, cut, name, real, iri, at.noise)
 
     def _test_activation(self, where: str, point: str, compute: Callable[[], Bank]) -> Bank:
         key = (where, point)
@@ -120,7 +124,7 @@ class MeasureRun:
             self._test_acts[key] = compute()
         return self._test_acts[key]
 
-    def _real_views(self, ctx: JobContext, cut: Cut, test: Split) -> Views:
+    def real_views(self, ctx: JobContext, cut: Cut, test: Split) -> Views:
         front = self._test_activation(cut.f.where, cut.i, lambda: test.inputs)
 
         def back_pass() -> Bank:
@@ -130,7 +134,7 @@ class MeasureRun:
         back = self._test_activation(cut.g.where, cut.j, back_pass)
         return Views(front, back, ctx.prep.data.test.labels, "test")
 
-    def _iri_views(self, ctx: JobContext, cut: Cut, made: dict[Protocol, Split]) -> Views:
+    def iri_views(self, ctx: JobContext, cut: Cut, made: dict[Protocol, Split]) -> Views:
         settings, data = ctx.spec.measure_settings, ctx.prep.data
         split = made.get(catalogue.IRI_PROTOCOL)
         iris = PROTOCOL_IMPLS[catalogue.IRI_PROTOCOL].train_split
@@ -192,22 +196,65 @@ def _control_rows(prepared: _Prepared, cut: Cut, name: str, real: Views, iri: Vi
     return rows
 
 
-def measure_units(spec: Spec, sizes: Sizes, first_direction: bool) -> Units:
-    """MeasureRun.add at one cut: one unit per mini-batch of each representation prepared,
-    per measure, and the passes that make the activations it does not share."""
+@dataclass
+class _AtMeasures:
+    """What one cut's measure steps share: its views and their noise, made by its first."""
+
+    cut: Cut | None = None
+    real: Views = field(init=False)
+    iri: Views = field(init=False)
+    noise: dict[tuple[int, float], torch.Tensor] = field(default_factory=dict)
+    prepared: _Prepared | None = None
+
+
+def measure_steps(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair,
+                  first_direction: bool) -> list[Step]:
+    """The measures of one cut, after its comparison: a step for the activations on real
+    test inputs and on the front model's IRIs, then one per measure (on both, with the
+    ceiling and the floor), in the stage `measures ...`; IRIs made here are a step of their
+    own, in their stage."""
+    stage, at = f"measures {cut_label(direction, pair)}", _AtMeasures()
     settings = spec.measure_settings
     n_iri = sizes.train if settings.iri_split == "train" else sizes.test
+    # g_j's pass over the test split is kept for both directions: the first one makes it.
+    real_units = Units(forward=passes(sizes.test, EVAL_BATCH)) if first_direction else Units()
+    makes_iris = settings.iri_split == "test" or catalogue.IRI_PROTOCOL not in spec.protocols
+    made: dict[Protocol, Split] = {}
+
+    def real_views(job: JobRun) -> None:
+        test, protocols_made = job.splits.pop((direction, pair))
+        made.update(protocols_made)
+        at.cut = job.ctx.cut(direction, pair)
+        at.real = job.measured.real_views(job.ctx, at.cut, test)
+
+    def iri_views(job: JobRun) -> None:
+        assert at.cut is not None
+        at.iri = job.measured.iri_views(job.ctx, at.cut, made)
+        made.clear()
+        at.noise = _noise(job.ctx, at.cut, (at.real, at.iri))
+        at.prepared = _Prepared(job.ctx, job.measured.plans)
+
     real = passes(sizes.test, settings.batch_size)
     iri = passes(min(n_iri, sizes.test), settings.batch_size)  # as many IRIs as test samples
     floor = len(spec.control_settings.noise_sigmas) * (real + iri)
     # Both models on real inputs and on IRIs, and the floor's noise beside each; the second
-    # direction reuses the real figure, so it prepares the real inputs of the end model only,
-    # and g_j's pass over the test split (kept for both directions).
-    if first_direction:
-        units = Units(measure=len(spec.measures) * (2 * real + 2 * iri + floor),
-                      forward=passes(sizes.test, EVAL_BATCH))
-    else:
-        units = Units(measure=len(spec.measures) * (real + 2 * iri + floor))
-    if settings.iri_split == "test" or catalogue.IRI_PROTOCOL not in spec.protocols:
-        units += Units(forward=2 * passes(n_iri, EVAL_BATCH), iri=iri_units(spec, n_iri))
-    return units
+    # direction reuses the real figure, so it prepares the real inputs of the end model only.
+    per_measure = Units(measure=(2 if first_direction else 1) * real + 2 * iri + floor)
+    steps = [Step(stage, real_units, real_views)]
+    if makes_iris:
+        steps.append(Step(iri_stage(*front_point(direction, pair)),
+                          Units(forward=2 * passes(n_iri, EVAL_BATCH), iri=iri_units(spec, n_iri)),
+                          iri_views, "measures"))
+    else:  # the IRIs the protocols made, in the stage before
+        steps.append(Step(None, Units(), iri_views, "measures"))
+    for n, name in enumerate(spec.measures):
+        # The first enters the stage again: the IRIs made for the views had one of their own.
+        steps.append(Step(None if n else stage, per_measure, _measure(at, name), "measures"))
+    return steps
+
+
+def _measure(at: _AtMeasures, name: str) -> Callable[[JobRun], None]:
+    def run(job: JobRun) -> None:
+        job.measured.measure(at, name)
+
+    return run

@@ -9,37 +9,36 @@ tracker shows them at the share of the cap they are expected to take (progress.P
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from stitchsim.models import Direction, Protocol, Spec
-from stitchsim_worker.engine.core.context import JobContext, cut_label
-from stitchsim_worker.engine.core.costs import Sizes
-from stitchsim_worker.engine.core.progress import Plan
+from stitchsim.models import Direction, Protocol, ResultRow, Spec
+from stitchsim_worker.engine.core.context import Cut, cut_label, front_point
+from stitchsim_worker.engine.core.costs import Sizes, passes
+from stitchsim_worker.engine.core.progress import Plan, Units
 from stitchsim_worker.engine.core.step import JobRun, Pair, Step, plan_of
 from stitchsim_worker.engine.iri.synthesis import round_lengths
-from stitchsim_worker.engine.job.measuring import measure_units
+from stitchsim_worker.engine.job.measuring import measure_steps
 from stitchsim_worker.engine.job.prepare import Prepared
 from stitchsim_worker.engine.protocols.controls import CONTROL_IMPLS, controls_to_run
-from stitchsim_worker.engine.protocols.fitting import (
-    protocol_rows,
-    protocol_rows_units,
-    training_inputs,
+from stitchsim_worker.engine.protocols.fitting import protocol_steps, training_inputs
+from stitchsim_worker.engine.stitching.activations import (
+    InputSet,
+    Split,
+    test_split,
+    test_split_units,
 )
-from stitchsim_worker.engine.stitching.activations import Split, test_split, test_split_units
 
 
 def job_steps(spec: Spec, sizes: Sizes, pairs: Sequence[Pair]) -> list[Step]:
     """The whole job in order: both models on the test split; in each direction the
     comparison at every stitch pair, each followed by its measures; then each control in
     each direction."""
-    steps = [Step("prepare", JobContext.open_units(spec, sizes), _open)]
+    steps = [_open(spec, sizes)]
     for n, direction in enumerate(spec.direction_list()):
         for pair in pairs:
-            steps.append(_comparison(spec, sizes, direction, pair))
+            steps += _comparison(spec, sizes, direction, pair)
             if spec.measures:
-                steps.append(Step(f"measures {cut_label(direction, pair)}",
-                                  measure_units(spec, sizes, first_direction=n == 0),
-                                  _measures(direction, pair)))
+                steps += measure_steps(spec, sizes, direction, pair, first_direction=n == 0)
     for name in controls_to_run(spec):
         for direction in spec.direction_list():
             steps += CONTROL_IMPLS[name].steps(spec, sizes, direction, pairs)
@@ -60,33 +59,34 @@ def job_plan(spec: Spec, steps: Sequence[Step]) -> Plan:
     return plan_of(steps, expect=iri_share_expected(spec))
 
 
-def _open(job: JobRun) -> None:
-    job.ctx.open()
+def _open(spec: Spec, sizes: Sizes) -> Step:
+    """JobContext.open: each model on its test split (the front model on its own task's
+    too), in training batches."""
+    n = 2 * passes(sizes.test, spec.train.batch_size)
+    if sizes.front_test is not None:
+        n += passes(sizes.front_test, spec.train.batch_size)
+    return Step("prepare", Units(forward=n), lambda job: job.ctx.open())
 
 
-def _comparison(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair) -> Step:
+def _comparison(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair) -> list[Step]:
     """Every protocol and objective at one stitch pair: its test split, then every
     protocol's training split and fits."""
-    units = test_split_units(sizes) + protocol_rows_units(spec, sizes, [sizes.test])
+    label = cut_label(direction, pair)
 
-    def run(job: JobRun) -> None:
+    def begin(job: JobRun) -> tuple[Cut, InputSet, list[Split]]:
         ctx = job.ctx
         cut = ctx.cut(direction, pair)
-        test, made = test_split(ctx, cut), dict[Protocol, Split]()
-        (found,) = protocol_rows(ctx, cut, training_inputs(ctx), [test], made=made)
+        return cut, training_inputs(ctx), [test_split(ctx, cut)]
+
+    def finish(job: JobRun, rows: list[list[ResultRow]], tests: list[Split],
+               made: dict[Protocol, Split]) -> None:
+        (found,), (test,) = rows, tests
         job.results += found
         if spec.measures:  # kept for the measures step right after, which reads them
             job.splits[(direction, pair)] = (test, made)
 
-    return Step(f"stitch {cut_label(direction, pair)}", units, run)
-
-
-def _measures(direction: Direction, pair: Pair) -> Callable[[JobRun], None]:
-    def run(job: JobRun) -> None:
-        test, made = job.splits.pop((direction, pair))
-        job.measured.add(job.ctx, job.ctx.cut(direction, pair), test, made)
-
-    return run
+    return protocol_steps(spec, sizes, (f"stitch {label}", test_split_units(sizes)), begin,
+                          finish, label, front_point(direction, pair), [sizes.test])
 
 
 IRI_STEPS_EXPECTED = 100

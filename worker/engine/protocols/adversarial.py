@@ -16,6 +16,7 @@ from stitchsim_worker.engine.protocols.entry import (
 )
 from stitchsim_worker.engine.protocols.invariance_aware import (
     invariance_aware_split,
+    iri_stage,
     iris_and_extraction,
 )
 from stitchsim_worker.engine.protocols.standard import extraction_units, standard_split
@@ -65,5 +66,6 @@ register_protocol(ProtocolImpl(
 ))
 register_protocol(ProtocolImpl(
     name="iri_adversarial", train_split=invariance_aware_split, cost=iris_and_extraction,
+    split_stage=iri_stage,
     augment=_adversarial_augment,
 ))

@@ -1,7 +1,8 @@
 """The controls (docs/method.md), one registered entry each: reference runs that say how to read a
 comparison's figures (a ceiling, a floor, a shortcut probe). Each runs per direction as steps
-of the job (core/step.py: one per stitch pair, or per cue and pair), each with its work units, and
-returns rows shaped like the comparison's, with a `control` key. What a control is called and
+of the job (core/step.py: at each stitch pair, or cue and pair, a step that makes its splits,
+then one per fit), each with its work units beside its run, and returns rows shaped like the
+comparison's, with a `control` key. What a control is called and
 how it is drawn are its catalogue entry's (stitchsim.catalogue.CONTROLS). Adding one is its
 catalogue entry plus one `register_control` call here, under the same name.
 """
@@ -13,12 +14,13 @@ from dataclasses import dataclass, field
 
 import torch
 from stitchsim import catalogue
-from stitchsim.models import Control, Direction, ResultRow, Spec
+from stitchsim.models import Control, Direction, Objective, ResultRow, Spec
 from stitchsim_worker.engine.core.context import (
     EVAL_BATCH,
     Cut,
     JobContext,
     cut_label,
+    front_point,
     self_point,
 )
 from stitchsim_worker.engine.core.costs import Sizes, passes
@@ -29,16 +31,18 @@ from stitchsim_worker.engine.data.datasets import clustered_noise
 from stitchsim_worker.engine.measures.pseudo import pseudo_classes
 from stitchsim_worker.engine.protocols.cues import CUE_IMPLS
 from stitchsim_worker.engine.protocols.fitting import (
+    Fitting,
     alignment_points,
-    fit,
-    fit_units,
+    fit_seed,
     make_row,
-    protocol_rows,
-    protocol_rows_units,
+    protocol_steps,
+    seed_units,
+    start_fit,
     training_inputs,
 )
 from stitchsim_worker.engine.stitching.activations import (
     InputSet,
+    Split,
     images_split,
     test_split,
     test_split_units,
@@ -47,7 +51,6 @@ from stitchsim_worker.engine.stitching.activations import (
 )
 
 StepsFn = Callable[[Spec, Sizes, Direction, Sequence[Pair]], list[Step]]
-CutRows = Callable[[JobContext, Cut], list[ResultRow]]
 
 
 @dataclass(frozen=True)
@@ -69,27 +72,6 @@ def controls_to_run(spec: Spec) -> list[str]:
     return list(dict.fromkeys([*spec.controls, *needed]))
 
 
-def self_cut_control(name: Control, rows: CutRows, units: Callable[[Spec, Sizes], Units]
-                     ) -> ControlImpl:
-    """A control run as one step per stitch pair, on the back model stitched into itself at
-    the pair's back point (ctx.self_cut)."""
-
-    def steps(spec: Spec, sizes: Sizes, direction: Direction, pairs: Sequence[Pair]
-              ) -> list[Step]:
-        per_cut = units(spec, sizes)
-        return [Step(f"control {name} {' '.join(self_point(direction, pair))}", per_cut,
-                     _collect(rows, direction, pair)) for pair in pairs]
-
-    return ControlImpl(name=name, steps=steps)
-
-
-def _collect(rows: CutRows, direction: Direction, pair: Pair) -> Callable[[JobRun], None]:
-    def run(job: JobRun) -> None:
-        job.controls.extend(rows(job.ctx, job.ctx.self_cut(direction, pair)))
-
-    return run
-
-
 # ---------------------------------------------------------------- clustered noise: the floor
 
 _NOISE_CENTRES_SEED_OFFSET = 7
@@ -97,31 +79,84 @@ _NOISE_TRAIN_SEED, _NOISE_TEST_SEED = 11, 12
 """The floor's stitch is trained on the noise as the baseline protocol trains on images."""
 
 
-def _clustered_noise(ctx: JobContext, cut: Cut) -> list[ResultRow]:
+@dataclass
+class _Floor:
+    """What one cut's clustered-noise steps share: the noise splits per sigma, made by the
+    first step, and the running objective's fits."""
+
+    cut: Cut | None = None
+    splits: dict[float, tuple[Split, Split]] = field(default_factory=dict)
+    fitting: Fitting | None = None
+
+
+def _clustered_noise_steps(spec: Spec, sizes: Sizes, direction: Direction,
+                           pairs: Sequence[Pair]) -> list[Step]:
     """Class-clustered noise of the back stitch point's shape, through T into g>j, trained
     towards g's processing of the real inputs of the same class index: how much accuracy a
-    representation with no information but clusters already reaches."""
-    data, spec = ctx.prep.data, ctx.spec
-    centres_seed = spec.train.seed + _NOISE_CENTRES_SEED_OFFSET
-    rows = []
-    real_train = train_split(ctx, cut, ctx.train_pixels, data.train.labels,
-                             alignment_points(ctx, cut))
-    real_test = test_split(ctx, cut)
-    classes = _classes(ctx, real_train.back_logits.all(), real_test.back_logits.all())
-    shape = cut.g.shapes[cut.j]
-    for sigma in spec.control_settings.noise_sigmas:
-        train, test = (
-            split_with_inputs(real, ctx.bank(
-                clustered_noise(labels, shape, sigma, centres_seed, noise_seed)))
-            for real, labels, noise_seed in ((real_train, classes[0], _NOISE_TRAIN_SEED),
-                                             (real_test, classes[1], _NOISE_TEST_SEED))
-        )
-        for objective in spec.objectives:
-            result = fit(ctx, cut, objective, train, [test])
+    representation with no information but clusters already reaches. At each pair: a step
+    for the real splits (both models on the training split, the test split) and the noise,
+    then one per sigma, objective and seed."""
+    steps = []
+    for pair in pairs:
+        floor = _Floor()
+        real = Units(forward=2 * passes(sizes.train, EVAL_BATCH)) + test_split_units(sizes)
+        steps.append(Step(f"control clustered_noise {' '.join(self_point(direction, pair))}",
+                          real, _noise_splits(floor, direction, pair)))
+        for sigma in spec.control_settings.noise_sigmas:
+            for objective in spec.objectives:
+                for s in range(spec.train.seeds):
+                    steps.append(Step(None, seed_units(spec, objective, sizes.train,
+                                                       [sizes.test]),
+                                      _noise_fit(floor, sigma, objective, s), "control"))
+    return steps
+
+
+def _noise_splits(floor: _Floor, direction: Direction, pair: Pair
+                  ) -> Callable[[JobRun], None]:
+    def run(job: JobRun) -> None:
+        ctx = job.ctx
+        data, spec = ctx.prep.data, ctx.spec
+        cut = floor.cut = ctx.self_cut(direction, pair)
+        centres_seed = spec.train.seed + _NOISE_CENTRES_SEED_OFFSET
+        real_train = train_split(ctx, cut, ctx.train_pixels, data.train.labels,
+                                 alignment_points(ctx, cut))
+        real_test = test_split(ctx, cut)
+        classes = _classes(ctx, real_train.back_logits.all(), real_test.back_logits.all())
+        shape = cut.g.shapes[cut.j]
+        for sigma in spec.control_settings.noise_sigmas:
+            floor.splits[sigma] = tuple(  # type: ignore[assignment]
+                split_with_inputs(real, ctx.bank(
+                    clustered_noise(labels, shape, sigma, centres_seed, noise_seed)))
+                for real, labels, noise_seed in ((real_train, classes[0], _NOISE_TRAIN_SEED),
+                                                 (real_test, classes[1], _NOISE_TEST_SEED))
+            )
+
+    return run
+
+
+def _noise_fit(floor: _Floor, sigma: float, objective: Objective, s: int
+               ) -> Callable[[JobRun], None]:
+    """One seed's fit on one sigma's noise; the last seed's makes the objective's row."""
+
+    def run(job: JobRun) -> None:
+        ctx, cut = job.ctx, floor.cut
+        assert cut is not None
+        train, test = floor.splits[sigma]
+        if s == 0:
+            floor.fitting = start_fit(ctx, cut, objective)
+        assert floor.fitting is not None
+        fit_seed(ctx, cut, floor.fitting, s, train, [test])
+        if s == ctx.spec.train.seeds - 1:
+            result = floor.fitting.done()
             result.stitch = "clustered noise -> " + result.stitch
-            rows.append(make_row(ctx, cut, objective, catalogue.BASELINE_PROTOCOL, result.on(0),
-                                 test, result, control="clustered_noise", sigma=sigma))
-    return rows
+            job.controls.append(make_row(
+                ctx, cut, objective, catalogue.BASELINE_PROTOCOL, result.on(0), test, result,
+                control="clustered_noise", sigma=sigma))
+            if sigma == ctx.spec.control_settings.noise_sigmas[-1] \
+                    and objective == ctx.spec.objectives[-1]:
+                floor.splits.clear()  # the cut's noise is done with
+
+    return run
 
 
 def _classes(ctx: JobContext, train_out: torch.Tensor, test_out: torch.Tensor
@@ -134,31 +169,37 @@ def _classes(ctx: JobContext, train_out: torch.Tensor, test_out: torch.Tensor
     return pseudo_classes(train_out, test_out, ctx.spec.train.seed)
 
 
-def _clustered_noise_units(spec: Spec, sizes: Sizes) -> Units:
-    """One cut: the real training split (both models), the test split, and a fit per sigma."""
-    real = Units(forward=2 * passes(sizes.train, EVAL_BATCH)) + test_split_units(sizes)
-    per_sigma = fit_units(spec, sizes.train, [sizes.test])
-    return real + per_sigma * len(spec.control_settings.noise_sigmas)
-
-
-register_control(self_cut_control("clustered_noise", _clustered_noise, _clustered_noise_units))
+register_control(ControlImpl(name="clustered_noise", steps=_clustered_noise_steps))
 
 
 # ---------------------------------------------------------------- identity: the ceiling
 
 
-def _identity(ctx: JobContext, cut: Cut) -> list[ResultRow]:
-    (found,) = protocol_rows(ctx, cut, training_inputs(ctx), [test_split(ctx, cut)],
-                             control="identity")
-    return found
+def _identity_steps(spec: Spec, sizes: Sizes, direction: Direction, pairs: Sequence[Pair]
+                    ) -> list[Step]:
+    """The protocols on the back model stitched into itself at each pair's back point."""
+    steps = []
+    for pair in pairs:
+        model, point = self_point(direction, pair)
+
+        def begin(job: JobRun, pair: Pair = pair) -> tuple[Cut, InputSet, list[Split]]:
+            cut = job.ctx.self_cut(direction, pair)
+            return cut, training_inputs(job.ctx), [test_split(job.ctx, cut)]
+
+        steps += protocol_steps(spec, sizes, (f"control identity {model} {point}",
+                                              test_split_units(sizes)),
+                                begin, _keep_control_rows, f"{direction} {point}->{point}",
+                                (model, point), [sizes.test], control="identity")
+    return steps
 
 
-def _identity_units(spec: Spec, sizes: Sizes) -> Units:
-    return test_split_units(sizes) + protocol_rows_units(spec, sizes, [sizes.test],
-                                                         control=True)
+def _keep_control_rows(job: JobRun, rows: list[list[ResultRow]], _tests: list[Split],
+                       _made: dict) -> None:
+    (found,) = rows
+    job.controls.extend(found)
 
 
-register_control(self_cut_control("identity", _identity, _identity_units))
+register_control(ControlImpl(name="identity", steps=_identity_steps))
 
 
 # ---------------------------------------------------------------- shortcut: the unseen-cue suite
@@ -221,19 +262,23 @@ def _shortcut_steps(spec: Spec, sizes: Sizes, direction: Direction, pairs: Seque
     versus cues rolled by one class. Agreement that follows the cue is excessive agreement.
     One step per cue and pair; a cue's marked inputs are made by its first step and kept
     for the pairs after it (then let go)."""
-    per_cut = _shortcut_units(spec, sizes)
+    # Two test splits of marked images (right and rolled cues), both models on each.
+    marked = Units(forward=2 * 2 * passes(sizes.test, EVAL_BATCH))
     cues, steps = _Cues(), []
     for name in spec.control_settings.cues:
         for n, pair in enumerate(pairs):
-            steps.append(Step(f"control shortcut {name} {cut_label(direction, pair)}", per_cut,
-                              _shortcut_step(name, direction, pair, cues,
-                                             last=n == len(pairs) - 1)))
+            label = cut_label(direction, pair)
+            steps += protocol_steps(
+                spec, sizes, (f"control shortcut {name} {label}", marked),
+                _shortcut_begin(name, direction, pair, cues, last=n == len(pairs) - 1),
+                _shortcut_finish(name), label, front_point(direction, pair), [sizes.test] * 2,
+                control="shortcut")
     return steps
 
 
-def _shortcut_step(name: str, direction: Direction, pair: Pair, cues: _Cues,
-                   last: bool) -> Callable[[JobRun], None]:
-    def run(job: JobRun) -> None:
+def _shortcut_begin(name: str, direction: Direction, pair: Pair, cues: _Cues, last: bool
+                    ) -> Callable[[JobRun], tuple[Cut, InputSet, list[Split]]]:
+    def begin(job: JobRun) -> tuple[Cut, InputSet, list[Split]]:
         ctx = job.ctx
         if cues.classes is None:  # once a direction, for every cue
             cues.classes = _classes_to_mark(ctx, direction)
@@ -242,21 +287,23 @@ def _shortcut_step(name: str, direction: Direction, pair: Pair, cues: _Cues,
         marked = cues.marked.pop(name) if last else cues.marked[name]
         cut, labels = ctx.cut(direction, pair), ctx.prep.data.test.labels
         tests = [images_split(ctx, cut, x, labels) for x in (marked.right, marked.rolled)]
-        right, rolled = protocol_rows(ctx, cut, marked.inputs, tests, control="shortcut")
+        return cut, marked.inputs, tests
+
+    return begin
+
+
+def _shortcut_finish(name: str) -> Callable[[JobRun, list[list[ResultRow]], list[Split], dict],
+                                            None]:
+    def finish(job: JobRun, rows: list[list[ResultRow]], _tests: list[Split],
+               _made: dict) -> None:
+        right, rolled = rows
         for r, q in zip(right, rolled, strict=True):
             job.controls.append(r.model_copy(update={
                 "cue": name, "rolled_agreement": q.agreement,
                 "excessive_agreement": r.agreement - q.agreement,
             }))
 
-    return run
-
-
-def _shortcut_units(spec: Spec, sizes: Sizes) -> Units:
-    """One cue at one cut: two test splits of marked images (right and rolled cues), both
-    models on each, and the protocols' fits on the marked training inputs."""
-    marked = Units(forward=2 * 2 * passes(sizes.test, EVAL_BATCH))
-    return marked + protocol_rows_units(spec, sizes, [sizes.test] * 2, control=True)
+    return finish
 
 
 register_control(ControlImpl(name="shortcut", steps=_shortcut_steps))

@@ -36,12 +36,15 @@ class ProtocolImpl:
     train_split: TrainSplitFn
     """(ctx, cut, training inputs, back alignment points) -> split to fit T on, and stats."""
     cost: Callable[[Spec, int], Units]
-    """Work units its training split of n inputs takes (the fits are costs.fit_units)."""
+    """Work units its training split of n inputs takes (the fits are fitting.seed_units)."""
     augment: Callable[[JobContext, Cut, list[str], float], Augment] | None = None
     """(ctx, cut, back alignment points, alpha) -> what rewrites each training batch against
     the stitch being trained (adversarial; alpha is the share of the batch it attacks)."""
     test_split: Callable[[JobContext, Cut], Split] | None = None
     """Its own test split, when it is not the comparison's (cross-task pairing)."""
+    split_stage: Callable[[str, str], str] | None = None
+    """(model, point) of the cut's front part -> the stage its training split shows in, a
+    step of its own (the IRIs'); None: the split goes on in the stage before it."""
 
 
 PROTOCOL_IMPLS: Registry[ProtocolImpl] = Registry("protocol")
@@ -56,6 +59,8 @@ def register_protocol(impl: ProtocolImpl) -> ProtocolImpl:
                "has an augment")
     check_flag("protocol", impl.name, "in_controls", flags.in_controls, impl.test_split is None,
                "tests on the comparison's test split")
+    check_flag("protocol", impl.name, "uses_iris", flags.uses_iris, impl.split_stage is not None,
+               "has a stage of its own for its split (the IRIs')")
     return PROTOCOL_IMPLS.register(impl)
 
 

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from stitchsim import catalogue
-from stitchsim.models import Control, Objective, Protocol, ResultRow, RobustStats, Spec
+from stitchsim.models import Control, IRIStats, Objective, Protocol, ResultRow, RobustStats, Spec
 from stitchsim_worker.engine.core.bank import batches
 from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext
 from stitchsim_worker.engine.core.costs import Sizes, passes
 from stitchsim_worker.engine.core.progress import Units
+from stitchsim_worker.engine.core.step import JobRun, Step
 from stitchsim_worker.engine.measures.metrics import evaluate, seed_interval
 from stitchsim_worker.engine.measures.outputs import OUTPUTS, Scored
 from stitchsim_worker.engine.models.attacks import ATTACK_IMPLS, attack_passes
@@ -49,47 +50,57 @@ def alignment_points(ctx: JobContext, cut: Cut) -> list[str]:
     return [cut.j]
 
 
-def fit(ctx: JobContext, cut: Cut, objective: Objective, train: Split,
-        tests: list[Split], augment: Augment | None = None) -> Fit:
-    """Train T for each seed on `train`; evaluate it on each of `tests`."""
-    t0 = time.perf_counter()
-    entry, settings = OBJECTIVE_IMPLS[objective], ctx.spec.train
+@dataclass
+class Fitting:
+    """One objective's fits at one cut as its seeds run, one step each (fit_steps)."""
+
+    objective: Objective
+    back: BackPart
+    started: float
+    logits: list[list[torch.Tensor]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    stitches: list[StitchLayer] = field(default_factory=list)
+
+    def done(self) -> Fit:
+        return Fit(self.logits, float(np.mean(self.losses)), self.stitches[0].describe(),
+                   time.perf_counter() - self.started, self.stitches, self.back)
+
+
+def start_fit(ctx: JobContext, cut: Cut, objective: Objective) -> Fitting:
     aligns_later = catalogue.OBJECTIVES[objective].aligns_later_points
     later = cut.g.later_points(cut.j, ctx.spec.fula.points) if aligns_later else []
-    back = cut.g.back(cut.j, later)
-    ctx.tracker.focus(objective=objective)
-    logits, losses, stitches = [], [], []
-    for s in range(settings.seeds):
-        stitch = StitchLayer(cut.f.rep(cut.i), cut.g.rep(cut.j)).to(ctx.device)
-        task = FitTask(stitch, back, train, settings, settings.seed + s, ctx.device,
-                       ctx.tracker.counter("train"), ctx.tracker.should_cancel, augment,
-                       output=cut.g.output)
-        losses.append(entry.fit(task))
-        stitches.append(stitch)
-        logits.append([stitched_logits(stitch, back, t, EVAL_BATCH, ctx.device, ctx.tracker.step)
-                       for t in tests])
+    return Fitting(objective, cut.g.back(cut.j, later), time.perf_counter())
+
+
+def fit_seed(ctx: JobContext, cut: Cut, fitting: Fitting, s: int, train: Split,
+             tests: list[Split], augment: Augment | None = None) -> None:
+    """Train T for the s-th seed on `train`; evaluate it on each of `tests`."""
+    settings = ctx.spec.train
+    ctx.tracker.focus(objective=fitting.objective)
+    stitch = StitchLayer(cut.f.rep(cut.i), cut.g.rep(cut.j)).to(ctx.device)
+    task = FitTask(stitch, fitting.back, train, settings, settings.seed + s, ctx.device,
+                   ctx.tracker.counter("train"), ctx.tracker.should_cancel, augment,
+                   output=cut.g.output)
+    fitting.losses.append(OBJECTIVE_IMPLS[fitting.objective].fit(task))
+    fitting.stitches.append(stitch)
+    fitting.logits.append([stitched_logits(stitch, fitting.back, t, EVAL_BATCH, ctx.device,
+                                           ctx.tracker.step) for t in tests])
     ctx.tracker.focus(objective=None)
-    return Fit(logits, float(np.mean(losses)), stitches[0].describe(),
-               time.perf_counter() - t0, stitches, back)
 
 
-def fit_units(spec: Spec, n_train: int, tests: Sequence[int], *, augmented: bool = False,
-              robust: bool = False) -> Units:
-    """fit() for every objective of the spec on n_train inputs, its stitched model run on each
-    test split; an augmented fit crafts PGD inputs in every training batch, and a robust one
-    is then attacked on the first test split (robust_stats)."""
-    adv = spec.adversarial.steps
-    units = Units()
-    for objective in spec.objectives:
-        batches = OBJECTIVE_IMPLS[objective].cost(n_train, spec.train)
-        per_seed = Units(train=batches, forward=sum(passes(n, EVAL_BATCH) for n in tests))
-        if augmented:
-            per_seed += Units(augment=adv * batches)
-        if robust:
-            per_seed += Units(attack=attack_passes(spec.adversarial)
-                              * passes(tests[0], EVAL_BATCH))
-        units += per_seed * spec.train.seeds
-    return units
+def seed_units(spec: Spec, objective: Objective, n_train: int, tests: Sequence[int], *,
+               augmented: bool = False) -> Units:
+    """fit_seed on n_train inputs, its stitched model run on each test split; an augmented
+    fit crafts PGD inputs in every training batch."""
+    batches = OBJECTIVE_IMPLS[objective].cost(n_train, spec.train)
+    units = Units(train=batches, forward=sum(passes(n, EVAL_BATCH) for n in tests))
+    return units + Units(augment=spec.adversarial.steps * batches) if augmented else units
+
+
+def robust_units(spec: Spec, n_test: int) -> Units:
+    """robust_stats: every seed's stitched model attacked on the test split."""
+    return Units(attack=attack_passes(spec.adversarial) * passes(n_test, EVAL_BATCH)
+                 * spec.train.seeds)
 
 
 def robust_stats(ctx: JobContext, cut: Cut, result: Fit, test: Split) -> RobustStats:
@@ -157,73 +168,144 @@ def make_row(ctx: JobContext, cut: Cut, objective: Objective, protocol: Protocol
     )
 
 
-def protocol_rows(ctx: JobContext, cut: Cut, inputs: InputSet, tests: list[Split],
-                  *, control: Control | None = None, made: dict[Protocol, Split] | None = None,
-                  **extra: Any) -> list[list[ResultRow]]:
-    """Every protocol and objective for one cut; rows[k] holds each fit evaluated on tests[k]
-    (a protocol with a test split of its own is evaluated on that one instead). `made`, when
-    given, receives each protocol's training split (the measures read the IRIs' activations
-    from it instead of computing them again)."""
-    rows: list[list[ResultRow]] = [[] for _ in tests]
-    points = alignment_points(ctx, cut)
-    robust = ctx.spec.adversarial.evaluate and control is None
-    for protocol in ctx.spec.protocols:
-        entry = PROTOCOL_IMPLS[protocol]
-        if control is not None and not catalogue.PROTOCOLS[protocol].in_controls:
-            continue
-        ctx.tracker.focus(point=cut.label, protocol=protocol)
-        train, stats = entry.train_split(ctx, cut, inputs, points)
-        if made is not None:
-            made[protocol] = train
-        own = [entry.test_split(ctx, cut)] * len(tests) if entry.test_split else tests
-        ctx.tracker.enter(f"train {cut.label} {protocol}")
-        alphas = _alphas(ctx, protocol)
-        for alpha in alphas:
-            # alpha 0 attacks nothing: the clean arm, fitted without an augment at all.
-            augment = entry.augment(ctx, cut, points, alpha) if entry.augment and alpha else None
-            for objective in ctx.spec.objectives:
-                result = fit(ctx, cut, objective, train, own, augment)
-                attacked = None
-                if robust and entry.test_split is None:
-                    attacked = robust_stats(ctx, cut, result, own[0])
-                drawn = (catalogue.OUTPUT_KINDS[cut.g.output].grid and control is None
-                         and objective == ctx.spec.objectives[0] and alpha == alphas[0])
-                for k, test in enumerate(own):
-                    grid = image_grid(cut, test, result.on(k)[0]) if drawn and k == 0 else None
-                    rows[k].append(make_row(
-                        ctx, cut, objective, protocol, result.on(k), test, result, iri=stats,
-                        control=control, robust=attacked if k == 0 else None, alpha=alpha,
-                        grid=grid, **extra))
-    return rows
+Begin = Callable[[JobRun], tuple[Cut, InputSet, list[Split]]]
+"""The opening step's work at a cut: the cut, the training inputs and the test splits."""
+Finish = Callable[[JobRun, list[list[ResultRow]], list[Split], dict[Protocol, Split]], None]
+"""What takes the cut's rows (rows[k]: each fit on tests[k]), its tests and the training
+splits its protocols made."""
 
 
-def protocol_rows_units(spec: Spec, sizes: Sizes, tests: Sequence[int], *,
-                        control: bool = False) -> Units:
-    """protocol_rows for one cut on the training split: each protocol's training split (its
-    entry's count), then its fits."""
-    total = Units()
+@dataclass
+class _AtCut:
+    """What one cut's protocol steps share as they run: the opening step's cut, inputs and
+    tests, the rows so far, and the running protocol's split and objective's fits."""
+
+    cut: Cut | None = None
+    inputs: InputSet | None = None
+    tests: list[Split] = field(default_factory=list)
+    rows: list[list[ResultRow]] = field(default_factory=list)
+    made: dict[Protocol, Split] = field(default_factory=dict)
+    train: Split | None = None
+    stats: IRIStats | None = None
+    own: list[Split] = field(default_factory=list)
+    augment: Augment | None = None
+    """The running alpha's, made by its first fit and shared by its objectives and seeds (its
+    attack's generator runs on across them)."""
+    fitting: Fitting | None = None
+
+
+def protocol_steps(spec: Spec, sizes: Sizes, opening: tuple[str, Units], begin: Begin,
+                   finish: Finish, label: str, front: tuple[str, str], tests: Sequence[int],
+                   *, control: Control | None = None) -> list[Step]:
+    """Every protocol and objective at one cut, one step per piece: the opening step (its
+    stage and units `opening`, its work `begin`), then for each protocol its training
+    split, and a step for each alpha, objective and seed; the last hands the rows to
+    `finish`. `label` is the cut's (Cut.label), `front` its front part's (model, point) and
+`tests` the sizes of the test splits."""
+    at = _AtCut()
+
+    def open_cut(job: JobRun) -> None:
+        at.cut, at.inputs, at.tests = begin(job)
+        at.rows = [[] for _ in at.tests]
+
+    steps = [Step(*opening, open_cut)]
     for protocol in spec.protocols:
-        entry = PROTOCOL_IMPLS[protocol]
-        if control and not catalogue.PROTOCOLS[protocol].in_controls:
-            continue
-        n_fit, own = sizes.train, list(tests)
-        if entry.test_split is not None:  # its own data, and its own test split
-            n_fit = sizes.front_train or sizes.train
-            own = [sizes.front_test or sizes.test] * len(tests)
-            total += Units(forward=passes(own[0], EVAL_BATCH))
-        total += entry.cost(spec, n_fit)
-        robust = spec.adversarial.evaluate and not control and entry.test_split is None
-        # An attacking protocol fits once per alpha (alpha 0: the clean arm, no augment).
-        alphas = spec.adversarial.alpha_list() if entry.augment is not None else [0.0]
-        for alpha in alphas:
-            total += fit_units(spec, n_fit, own, augmented=alpha > 0, robust=robust)
-    return total
+        if control is None or catalogue.PROTOCOLS[protocol].in_controls:
+            steps += _protocol_steps(spec, sizes, at, protocol, (label, front), tests,
+                                     control, steps[0].part)
+    last = steps[-1]
+
+    def run_last(job: JobRun) -> None:
+        last.run(job)
+        finish(job, at.rows, at.tests, at.made)
+
+    steps[-1] = Step(last.stage, last.units, run_last, last.part)
+    return steps
 
 
-def _alphas(ctx: JobContext, protocol: Protocol) -> list[float | None]:
+def _protocol_steps(spec: Spec, sizes: Sizes, at: _AtCut, protocol: Protocol,
+                    cut: tuple[str, tuple[str, str]], tests: Sequence[int],
+                    control: Control | None, part: str) -> list[Step]:
+    """One protocol at one cut: its training split (in its own stage, the IRIs', or the stage
+    before it), then its fits, each alpha, objective and seed a step, in its train stage."""
+    entry, (label, front) = PROTOCOL_IMPLS[protocol], cut
+    n_fit, own = sizes.train, list(tests)
+    split_units = entry.cost(spec, sizes.train)
+    if entry.test_split is not None:  # its own data, and its own test split
+        n_fit = sizes.front_train or sizes.train
+        own = [sizes.front_test or sizes.test] * len(tests)
+        split_units = Units(forward=passes(own[0], EVAL_BATCH)) + entry.cost(spec, n_fit)
+
+    def split(job: JobRun) -> None:
+        ctx, cut = job.ctx, at.cut
+        assert cut is not None and at.inputs is not None
+        ctx.tracker.focus(point=cut.label, protocol=protocol)
+        at.train, at.stats = entry.train_split(ctx, cut, at.inputs, alignment_points(ctx, cut))
+        at.made[protocol] = at.train
+        at.own = [entry.test_split(ctx, cut)] * len(at.tests) if entry.test_split else at.tests
+
+    steps = [Step(entry.split_stage(*front) if entry.split_stage else None, split_units, split,
+                  part)]
+    robust = spec.adversarial.evaluate and control is None and entry.test_split is None
+    alphas = _alphas(spec, protocol)
+    stage: str | None = f"train {label} {protocol}"
+    for alpha in alphas:
+        for objective in spec.objectives:
+            for s in range(spec.train.seeds):
+                units = seed_units(spec, objective, n_fit, own, augmented=bool(alpha))
+                closes = s == spec.train.seeds - 1
+                if closes and robust:
+                    units += robust_units(spec, own[0])
+                steps.append(Step(stage, units, _fit_step(
+                    at, protocol, alpha, objective, s, closes=closes, robust=robust,
+                    new_alpha=s == 0 and objective == spec.objectives[0],
+                    drawn=control is None and objective == spec.objectives[0]
+                    and alpha == alphas[0], control=control), part))
+                stage = None
+    return steps
+
+
+def _fit_step(at: _AtCut, protocol: Protocol, alpha: float | None, objective: Objective,
+              s: int, *, closes: bool, robust: bool, new_alpha: bool, drawn: bool,
+              control: Control | None) -> Callable[[JobRun], None]:
+    """One seed's fit; the last seed's step also scores the objective's fits into rows."""
+
+    def run(job: JobRun) -> None:
+        ctx, cut, entry = job.ctx, at.cut, PROTOCOL_IMPLS[protocol]
+        assert cut is not None and at.train is not None
+        if s == 0:
+            at.fitting = start_fit(ctx, cut, objective)
+        assert at.fitting is not None
+        if new_alpha:
+            # alpha 0 attacks nothing: the clean arm, fitted without an augment at all.
+            at.augment = (entry.augment(ctx, cut, alignment_points(ctx, cut), alpha)
+                          if entry.augment and alpha else None)
+        fit_seed(ctx, cut, at.fitting, s, at.train, at.own, at.augment)
+        if closes:
+            _score(ctx, cut, at, objective, protocol, alpha, robust,
+                   drawn and catalogue.OUTPUT_KINDS[cut.g.output].grid, control)
+
+    return run
+
+
+def _score(ctx: JobContext, cut: Cut, at: _AtCut, objective: Objective, protocol: Protocol,
+           alpha: float | None, robust: bool, drawn: bool, control: Control | None) -> None:
+    """The objective's fits (every seed) as rows, one per test split."""
+    assert at.fitting is not None
+    result = at.fitting.done()
+    attacked = robust_stats(ctx, cut, result, at.own[0]) if robust else None
+    for k, test in enumerate(at.own):
+        grid = image_grid(cut, test, result.on(k)[0]) if drawn and k == 0 else None
+        at.rows[k].append(make_row(
+            ctx, cut, objective, protocol, result.on(k), test, result,
+            iri=at.stats, control=control, robust=attacked if k == 0 else None, alpha=alpha,
+            grid=grid))
+
+
+def _alphas(spec: Spec, protocol: Protocol) -> list[float | None]:
     """The alphas a protocol runs at: the spec's for one that attacks, else none."""
     if catalogue.PROTOCOLS[protocol].attacks:
-        return list(ctx.spec.adversarial.alpha_list())
+        return list(spec.adversarial.alpha_list())
     return [None]
 
 

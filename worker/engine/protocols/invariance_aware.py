@@ -25,6 +25,12 @@ def iri_units(spec: Spec, n: int) -> int:
     return max(1, round(IRI_STEP_UNITS * steps * n / spec.iri.batch_size))
 
 
+def iri_stage(model: str, point: str) -> str:
+    """The stage IRIs of a model's point show in: a step of their own (fitting.protocol_steps,
+    measuring.measure_steps)."""
+    return f"iri {model} {point}"
+
+
 def round_ends(settings: IRISettings) -> list[float]:
     """The share of the IRIs' cap at the end of each round: where a set of IRIs may stop."""
     lengths = iri.round_lengths(settings)
@@ -34,7 +40,6 @@ def round_ends(settings: IRISettings) -> list[float]:
 def _iris(ctx: JobContext, cut: Cut, inputs: InputSet) -> iri.IRIResult:
     """The front model's IRIs of the training inputs at i, from the cache when it has them."""
     settings = ctx.spec.iri
-    ctx.tracker.enter(f"iri {cut.f.where} {cut.i}")
     key = iri.cache_key(ctx.identity(cut.f), cut.i, inputs.digest, settings)
 
     def on_step(live: int) -> None:
@@ -74,4 +79,5 @@ def iris_and_extraction(spec: Spec, n: int) -> Units:
 
 register_protocol(ProtocolImpl(
     name="invariance_aware", train_split=invariance_aware_split, cost=iris_and_extraction,
+    split_stage=iri_stage,
 ))
