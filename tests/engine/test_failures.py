@@ -10,23 +10,31 @@ from pathlib import Path
 
 import pytest
 from stitchsim.failure import Failure
-from stitchsim_worker.engine.stitching.objectives import OBJECTIVE_IMPLS
+from stitchsim.models import TrainSettings
+from stitchsim_worker.engine.core.progress import Work
+from stitchsim_worker.engine.stitching.objectives import OBJECTIVE_IMPLS, FitFn
 from stitchsim_worker.engine.stitching.train import FitTask
 
 from tests.engine.jobs import layers, run, spec
 
 QUICK = {"epochs": 1, "max_train_samples": 100, "max_test_samples": 50}
+FULA_FIT = OBJECTIVE_IMPLS["fula"].fit
 
 
 def _broken(task: FitTask) -> float:
     raise RuntimeError("shapes (4, 7) and (9, 2) cannot be multiplied\nsecond line")
 
 
+def _broken_fit(n: int, settings: TrainSettings) -> Work[FitFn]:
+    """fula's fit with its own count, failing when it runs."""
+    return Work(FULA_FIT(n, settings).units, _broken)
+
+
 def test_an_engine_failure_names_where_it_happened(
     ckpts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(OBJECTIVE_IMPLS, "fula",
-                        dataclasses.replace(OBJECTIVE_IMPLS["fula"], fit=_broken))
+                        dataclasses.replace(OBJECTIVE_IMPLS["fula"], fit=_broken_fit))
     s = spec(ckpts.digits_resnet, ckpts.digits_resnet_b, objectives=["dm", "fula"],
              protocols=["standard"], layers=layers("layer2"), train=QUICK)
     with caplog.at_level(logging.ERROR), pytest.raises(Failure) as failure:
@@ -50,7 +58,7 @@ def test_run_prints_the_message_keeps_the_traceback_in_a_file_and_exits_1(
     from stitchsim_worker.run_command import EXIT_FAILED, run_command
 
     monkeypatch.setitem(OBJECTIVE_IMPLS, "fula",
-                        dataclasses.replace(OBJECTIVE_IMPLS["fula"], fit=_broken))
+                        dataclasses.replace(OBJECTIVE_IMPLS["fula"], fit=_broken_fit))
     s = spec(ckpts.digits_resnet, ckpts.digits_resnet_b, objectives=["fula"],
              protocols=["standard"], layers=layers("layer2"), train=QUICK)
     spec_file = tmp_path / "spec.json"

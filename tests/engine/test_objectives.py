@@ -155,7 +155,7 @@ def _trained(case: Case, objective: str) -> StitchLayer:
     task = FitTask(stitch=stitch, back=case.back, split=case.train, settings=SETTINGS, seed=0,
                    device=torch.device("cpu"), on_step=lambda _n: None,
                    should_cancel=lambda: False)
-    OBJECTIVE_IMPLS[objective].fit(task)
+    OBJECTIVE_IMPLS[objective].fit(len(case.train), SETTINGS).run(task)
     return stitch
 
 

@@ -23,7 +23,6 @@ from stitchsim_worker.engine.protocols.controls import CONTROL_IMPLS
 from stitchsim_worker.engine.protocols.cues import CUE_IMPLS
 from stitchsim_worker.engine.stitching.objectives import (
     OBJECTIVE_IMPLS,
-    ObjectiveImpl,
     register_objective,
 )
 
@@ -88,7 +87,7 @@ def test_a_report_with_every_entry_renders_on_the_page_and_in_the_table() -> Non
 
 def test_an_entry_cannot_be_registered_twice() -> None:
     with pytest.raises(ValueError, match="registered twice"):
-        register_objective(ObjectiveImpl(name="slm", fit=lambda task: 0.0, cost=lambda n, s: 0))
+        register_objective(dataclasses.replace(OBJECTIVE_IMPLS["slm"]))
     with pytest.raises(ValueError, match="catalogued twice"):
         catalogue.OBJECTIVES.register(catalogue.OBJECTIVES["slm"])
 

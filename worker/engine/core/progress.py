@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Literal
+from typing import Generic, Literal, TypeVar
 
 from stitchsim_worker.engine.core.errors import JobCancelled
 from stitchsim_worker.engine.core.resources import CancelFn, ProgressFn
@@ -85,6 +85,19 @@ class Units:
     @property
     def elastic(self) -> int:
         return round(self.by_kind.get(ELASTIC, 0))
+
+
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Work(Generic[R]):
+    """A piece of work and the units it takes, made together by one function from the sizes
+    it runs on: the plan reads `units`, the step calls `run`, and no second function restates
+    the count (test_progress_accounting holds each report to it)."""
+
+    units: Units
+    run: R
 
 
 @dataclass(frozen=True)

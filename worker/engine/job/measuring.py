@@ -41,7 +41,8 @@ from stitchsim_worker.engine.measures.similarity import (
     prepare,
 )
 from stitchsim_worker.engine.protocols import PROTOCOL_IMPLS
-from stitchsim_worker.engine.protocols.invariance_aware import iri_stage, iri_units
+from stitchsim_worker.engine.protocols.entry import TrainSplitFn
+from stitchsim_worker.engine.protocols.invariance_aware import iri_stage
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
 
 _NOISE_CENTRES_SEED_OFFSET = 7  # the clustered-noise control's centres (controls.py)
@@ -134,10 +135,12 @@ class MeasureRun:
         back = self._test_activation(cut.g.where, cut.j, back_pass)
         return Views(front, back, ctx.prep.data.test.labels, "test")
 
-    def iri_views(self, ctx: JobContext, cut: Cut, made: dict[Protocol, Split]) -> Views:
+    def iri_views(self, ctx: JobContext, cut: Cut, made: dict[Protocol, Split],
+                  iris: TrainSplitFn) -> Views:
+        """The IRIs the IRI protocol made, or these `iris` makes (on the test split, or on
+        the training split when no IRI stitching ran)."""
         settings, data = ctx.spec.measure_settings, ctx.prep.data
         split = made.get(catalogue.IRI_PROTOCOL)
-        iris = PROTOCOL_IMPLS[catalogue.IRI_PROTOCOL].train_split
         if settings.iri_split == "test":
             inputs = InputSet(ctx.test_pixels, data.test.labels, f"{data.digest}|test-split")
             split, _ = iris(ctx, cut, inputs, [cut.j])
@@ -219,6 +222,7 @@ def measure_steps(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair,
     # g_j's pass over the test split is kept for both directions: the first one makes it.
     real_units = Units(forward=passes(sizes.test, EVAL_BATCH)) if first_direction else Units()
     makes_iris = settings.iri_split == "test" or catalogue.IRI_PROTOCOL not in spec.protocols
+    iris = PROTOCOL_IMPLS[catalogue.IRI_PROTOCOL].train_split(spec, n_iri)
     made: dict[Protocol, Split] = {}
 
     def real_views(job: JobRun) -> None:
@@ -229,7 +233,7 @@ def measure_steps(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair,
 
     def iri_views(job: JobRun) -> None:
         assert at.cut is not None
-        at.iri = job.measured.iri_views(job.ctx, at.cut, made)
+        at.iri = job.measured.iri_views(job.ctx, at.cut, made, iris.run)
         made.clear()
         at.noise = _noise(job.ctx, at.cut, (at.real, at.iri))
         at.prepared = _Prepared(job.ctx, job.measured.plans)
@@ -242,9 +246,8 @@ def measure_steps(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair,
     per_measure = Units(measure=(2 if first_direction else 1) * real + 2 * iri + floor)
     steps = [Step(stage, real_units, real_views)]
     if makes_iris:
-        steps.append(Step(iri_stage(*front_point(direction, pair)),
-                          Units(forward=2 * passes(n_iri, EVAL_BATCH), iri=iri_units(spec, n_iri)),
-                          iri_views, "measures"))
+        steps.append(Step(iri_stage(*front_point(direction, pair)), iris.units, iri_views,
+                          "measures"))
     else:  # the IRIs the protocols made, in the stage before
         steps.append(Step(None, Units(), iri_views, "measures"))
     for n, name in enumerate(spec.measures):

@@ -25,7 +25,6 @@ from stitchsim_worker.engine.stitching.activations import (
     InputSet,
     Split,
     test_split,
-    test_split_units,
 )
 
 
@@ -71,12 +70,12 @@ def _open(spec: Spec, sizes: Sizes) -> Step:
 def _comparison(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair) -> list[Step]:
     """Every protocol and objective at one stitch pair: its test split, then every
     protocol's training split and fits."""
-    label = cut_label(direction, pair)
+    label, test = cut_label(direction, pair), test_split(sizes.test)
 
     def begin(job: JobRun) -> tuple[Cut, InputSet, list[Split]]:
         ctx = job.ctx
         cut = ctx.cut(direction, pair)
-        return cut, training_inputs(ctx), [test_split(ctx, cut)]
+        return cut, training_inputs(ctx), [test.run(ctx, cut)]
 
     def finish(job: JobRun, rows: list[list[ResultRow]], tests: list[Split],
                made: dict[Protocol, Split]) -> None:
@@ -85,7 +84,7 @@ def _comparison(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair) -> l
         if spec.measures:  # kept for the measures step right after, which reads them
             job.splits[(direction, pair)] = (test, made)
 
-    return protocol_steps(spec, sizes, (f"stitch {label}", test_split_units(sizes)), begin,
+    return protocol_steps(spec, sizes, (f"stitch {label}", test.units), begin,
                           finish, label, front_point(direction, pair), [sizes.test])
 
 

@@ -14,12 +14,8 @@ from stitchsim_worker.engine.protocols.entry import (
     register_protocol,
     stitched,
 )
-from stitchsim_worker.engine.protocols.invariance_aware import (
-    invariance_aware_split,
-    iri_stage,
-    iris_and_extraction,
-)
-from stitchsim_worker.engine.protocols.standard import extraction_units, standard_split
+from stitchsim_worker.engine.protocols.invariance_aware import invariance_aware_split, iri_stage
+from stitchsim_worker.engine.protocols.standard import standard_split
 from stitchsim_worker.engine.stitching.layer import StitchLayer
 from stitchsim_worker.engine.stitching.train import Augment, Batch
 
@@ -61,11 +57,9 @@ def _adversarial_augment(ctx: JobContext, cut: Cut, points: list[str], alpha: fl
 
 
 register_protocol(ProtocolImpl(
-    name="adversarial", train_split=standard_split, cost=extraction_units,
-    augment=_adversarial_augment,
+    name="adversarial", train_split=standard_split, augment=_adversarial_augment,
 ))
 register_protocol(ProtocolImpl(
-    name="iri_adversarial", train_split=invariance_aware_split, cost=iris_and_extraction,
-    split_stage=iri_stage,
+    name="iri_adversarial", train_split=invariance_aware_split, split_stage=iri_stage,
     augment=_adversarial_augment,
 ))

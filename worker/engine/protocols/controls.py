@@ -16,15 +16,13 @@ import torch
 from stitchsim import catalogue
 from stitchsim.models import Control, Direction, Objective, ResultRow, Spec
 from stitchsim_worker.engine.core.context import (
-    EVAL_BATCH,
     Cut,
     JobContext,
     cut_label,
     front_point,
     self_point,
 )
-from stitchsim_worker.engine.core.costs import Sizes, passes
-from stitchsim_worker.engine.core.progress import Units
+from stitchsim_worker.engine.core.costs import Sizes
 from stitchsim_worker.engine.core.registry import Registry
 from stitchsim_worker.engine.core.step import JobRun, Pair, Step
 from stitchsim_worker.engine.data.datasets import clustered_noise
@@ -32,20 +30,22 @@ from stitchsim_worker.engine.measures.pseudo import pseudo_classes
 from stitchsim_worker.engine.protocols.cues import CUE_IMPLS
 from stitchsim_worker.engine.protocols.fitting import (
     Fitting,
+    SeedFitFn,
     alignment_points,
     fit_seed,
     make_row,
     protocol_steps,
-    seed_units,
     start_fit,
     training_inputs,
 )
 from stitchsim_worker.engine.stitching.activations import (
+    ExtractFn,
+    ImagesFn,
     InputSet,
     Split,
+    SplitFn,
     images_split,
     test_split,
-    test_split_units,
     train_split,
     with_inputs as split_with_inputs,
 )
@@ -97,30 +97,32 @@ def _clustered_noise_steps(spec: Spec, sizes: Sizes, direction: Direction,
     for the real splits (both models on the training split, the test split) and the noise,
     then one per sigma, objective and seed."""
     steps = []
+    real_train, real_test = train_split(sizes.train), test_split(sizes.test)
     for pair in pairs:
         floor = _Floor()
-        real = Units(forward=2 * passes(sizes.train, EVAL_BATCH)) + test_split_units(sizes)
         steps.append(Step(f"control clustered_noise {' '.join(self_point(direction, pair))}",
-                          real, _noise_splits(floor, direction, pair)))
+                          real_train.units + real_test.units,
+                          _noise_splits(floor, direction, pair, real_train.run, real_test.run)))
         for sigma in spec.control_settings.noise_sigmas:
             for objective in spec.objectives:
                 for s in range(spec.train.seeds):
-                    steps.append(Step(None, seed_units(spec, objective, sizes.train,
-                                                       [sizes.test]),
-                                      _noise_fit(floor, sigma, objective, s), "control"))
+                    fit = fit_seed(spec, objective, sizes.train, [sizes.test])
+                    steps.append(Step(None, fit.units,
+                                      _noise_fit(floor, sigma, objective, s, fit.run),
+                                      "control"))
     return steps
 
 
-def _noise_splits(floor: _Floor, direction: Direction, pair: Pair
-                  ) -> Callable[[JobRun], None]:
+def _noise_splits(floor: _Floor, direction: Direction, pair: Pair, extract: ExtractFn,
+                  test: SplitFn) -> Callable[[JobRun], None]:
     def run(job: JobRun) -> None:
         ctx = job.ctx
         data, spec = ctx.prep.data, ctx.spec
         cut = floor.cut = ctx.self_cut(direction, pair)
         centres_seed = spec.train.seed + _NOISE_CENTRES_SEED_OFFSET
-        real_train = train_split(ctx, cut, ctx.train_pixels, data.train.labels,
-                                 alignment_points(ctx, cut))
-        real_test = test_split(ctx, cut)
+        real_train = extract(ctx, cut, ctx.train_pixels, data.train.labels,
+                             alignment_points(ctx, cut), None)
+        real_test = test(ctx, cut)
         classes = _classes(ctx, real_train.back_logits.all(), real_test.back_logits.all())
         shape = cut.g.shapes[cut.j]
         for sigma in spec.control_settings.noise_sigmas:
@@ -134,7 +136,7 @@ def _noise_splits(floor: _Floor, direction: Direction, pair: Pair
     return run
 
 
-def _noise_fit(floor: _Floor, sigma: float, objective: Objective, s: int
+def _noise_fit(floor: _Floor, sigma: float, objective: Objective, s: int, fit: SeedFitFn
                ) -> Callable[[JobRun], None]:
     """One seed's fit on one sigma's noise; the last seed's makes the objective's row."""
 
@@ -145,7 +147,7 @@ def _noise_fit(floor: _Floor, sigma: float, objective: Objective, s: int
         if s == 0:
             floor.fitting = start_fit(ctx, cut, objective)
         assert floor.fitting is not None
-        fit_seed(ctx, cut, floor.fitting, s, train, [test])
+        fit(ctx, cut, floor.fitting, s, train, [test], None)
         if s == ctx.spec.train.seeds - 1:
             result = floor.fitting.done()
             result.stitch = "clustered noise -> " + result.stitch
@@ -178,16 +180,16 @@ register_control(ControlImpl(name="clustered_noise", steps=_clustered_noise_step
 def _identity_steps(spec: Spec, sizes: Sizes, direction: Direction, pairs: Sequence[Pair]
                     ) -> list[Step]:
     """The protocols on the back model stitched into itself at each pair's back point."""
-    steps = []
+    steps, test = [], test_split(sizes.test)
     for pair in pairs:
         model, point = self_point(direction, pair)
 
         def begin(job: JobRun, pair: Pair = pair) -> tuple[Cut, InputSet, list[Split]]:
             cut = job.ctx.self_cut(direction, pair)
-            return cut, training_inputs(job.ctx), [test_split(job.ctx, cut)]
+            return cut, training_inputs(job.ctx), [test.run(job.ctx, cut)]
 
         steps += protocol_steps(spec, sizes, (f"control identity {model} {point}",
-                                              test_split_units(sizes)),
+                                              test.units),
                                 begin, _keep_control_rows, f"{direction} {point}->{point}",
                                 (model, point), [sizes.test], control="identity")
     return steps
@@ -262,21 +264,22 @@ def _shortcut_steps(spec: Spec, sizes: Sizes, direction: Direction, pairs: Seque
     versus cues rolled by one class. Agreement that follows the cue is excessive agreement.
     One step per cue and pair; a cue's marked inputs are made by its first step and kept
     for the pairs after it (then let go)."""
-    # Two test splits of marked images (right and rolled cues), both models on each.
-    marked = Units(forward=2 * 2 * passes(sizes.test, EVAL_BATCH))
-    cues, steps = _Cues(), []
+    # Two test splits of marked images: right and rolled cues.
+    marked, cues, steps = images_split(sizes.test), _Cues(), []
     for name in spec.control_settings.cues:
         for n, pair in enumerate(pairs):
             label = cut_label(direction, pair)
             steps += protocol_steps(
-                spec, sizes, (f"control shortcut {name} {label}", marked),
-                _shortcut_begin(name, direction, pair, cues, last=n == len(pairs) - 1),
+                spec, sizes, (f"control shortcut {name} {label}", marked.units * 2),
+                _shortcut_begin(name, direction, pair, cues, marked.run,
+                                last=n == len(pairs) - 1),
                 _shortcut_finish(name), label, front_point(direction, pair), [sizes.test] * 2,
                 control="shortcut")
     return steps
 
 
-def _shortcut_begin(name: str, direction: Direction, pair: Pair, cues: _Cues, last: bool
+def _shortcut_begin(name: str, direction: Direction, pair: Pair, cues: _Cues,
+                    images: ImagesFn, last: bool
                     ) -> Callable[[JobRun], tuple[Cut, InputSet, list[Split]]]:
     def begin(job: JobRun) -> tuple[Cut, InputSet, list[Split]]:
         ctx = job.ctx
@@ -286,7 +289,7 @@ def _shortcut_begin(name: str, direction: Direction, pair: Pair, cues: _Cues, la
             cues.marked[name] = _mark(ctx, name, cues.classes)
         marked = cues.marked.pop(name) if last else cues.marked[name]
         cut, labels = ctx.cut(direction, pair), ctx.prep.data.test.labels
-        tests = [images_split(ctx, cut, x, labels) for x in (marked.right, marked.rolled)]
+        tests = [images(ctx, cut, x, labels) for x in (marked.right, marked.rolled)]
         return cut, marked.inputs, tests
 
     return begin

@@ -5,15 +5,17 @@ from __future__ import annotations
 import torch
 from stitchsim.catalogue import OUTPUT_KINDS
 from stitchsim.failure import Failure
-from stitchsim.models import IRIStats
+from stitchsim.models import IRIStats, Spec
 from stitchsim_worker.engine.core.bank import Bank
-from stitchsim_worker.engine.core.context import Cut, JobContext
+from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext
+from stitchsim_worker.engine.core.costs import passes
+from stitchsim_worker.engine.core.progress import Units, Work
 from stitchsim_worker.engine.protocols.entry import (
     ProtocolImpl,
+    TrainSplitFn,
     register_protocol,
 )
-from stitchsim_worker.engine.protocols.standard import extraction_units
-from stitchsim_worker.engine.stitching.activations import InputSet, Split
+from stitchsim_worker.engine.stitching.activations import InputSet, Split, SplitFn
 
 _ELSEWHERE = -30.0  # a logit whose softmax is ~1e-13: one-hot "predictions" of paired labels
 
@@ -46,16 +48,21 @@ def _one_hot_logits(ctx: JobContext, labels: torch.Tensor, k: int) -> Bank:
     return ctx.bank(logits)
 
 
-def _cross_task_train(
-    ctx: JobContext, cut: Cut, _inputs: InputSet, points: list[str]
-) -> tuple[Split, IRIStats | None]:
-    labels, pixels, partners = _paired(ctx, cut, "train")
-    front, probe = cut.f.front(cut.i), cut.g.probe([cut.j])
-    (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
-    # T's least-squares start maps the front model's view of its own images to the back
-    # model's tensor on images of the paired class.
-    out, feat = ctx.compute(partners, lambda x: (*probe(x),))
-    return Split(inputs, labels, _targets(ctx, cut, labels, out), [feat], partners), None
+def _cross_task_train(_spec: Spec, n: int) -> Work[TrainSplitFn]:
+    """The front model over its n own training images, the back model over as many images of
+    the paired classes."""
+
+    def run(ctx: JobContext, cut: Cut, _inputs: InputSet, points: list[str]
+            ) -> tuple[Split, IRIStats | None]:
+        labels, pixels, partners = _paired(ctx, cut, "train")
+        front, probe = cut.f.front(cut.i), cut.g.probe([cut.j])
+        (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
+        # T's least-squares start maps the front model's view of its own images to the back
+        # model's tensor on images of the paired class.
+        out, feat = ctx.compute(partners, lambda x: (*probe(x),))
+        return Split(inputs, labels, _targets(ctx, cut, labels, out), [feat], partners), None
+
+    return Work(Units(forward=2 * passes(n, EVAL_BATCH)), run)
 
 
 def _targets(ctx: JobContext, cut: Cut, labels: torch.Tensor, partner_out: Bank) -> Bank:
@@ -69,21 +76,27 @@ def _targets(ctx: JobContext, cut: Cut, labels: torch.Tensor, partner_out: Bank)
     return partner_out
 
 
-def _cross_task_test(ctx: JobContext, cut: Cut) -> Split:
-    labels, pixels, partners = _paired(ctx, cut, "test")
-    front = cut.f.front(cut.i)
-    (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
-    if not OUTPUT_KINDS[cut.g.output].classes:
-        (out,) = ctx.compute(partners, lambda x: (cut.g.logits(x),))
-        return Split(inputs, labels, out, [], partners, front_pixels=pixels)
-    own = ctx.prep.data_of(cut.g).test
-    g_right = ctx.own_test_logits[cut.g.where].all().argmax(-1) == own.labels
-    k = int(cut.g.model.num_classes)
-    return Split(inputs, labels, _one_hot_logits(ctx, labels, k), [], partners,
-                 back_accuracy=float(g_right.float().mean()))
+def _cross_task_test(n: int) -> Work[SplitFn]:
+    """The front model over its n own test images (the back model's answers are the paired
+    labels; for a model without classes, it runs on the paired-class images too, which the
+    plan does not count)."""
+
+    def run(ctx: JobContext, cut: Cut) -> Split:
+        labels, pixels, partners = _paired(ctx, cut, "test")
+        front = cut.f.front(cut.i)
+        (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
+        if not OUTPUT_KINDS[cut.g.output].classes:
+            (out,) = ctx.compute(partners, lambda x: (cut.g.logits(x),))
+            return Split(inputs, labels, out, [], partners, front_pixels=pixels)
+        own = ctx.prep.data_of(cut.g).test
+        g_right = ctx.own_test_logits[cut.g.where].all().argmax(-1) == own.labels
+        k = int(cut.g.model.num_classes)
+        return Split(inputs, labels, _one_hot_logits(ctx, labels, k), [], partners,
+                     back_accuracy=float(g_right.float().mean()))
+
+    return Work(Units(forward=passes(n, EVAL_BATCH)), run)
 
 
 register_protocol(ProtocolImpl(
-    name="cross_task", train_split=_cross_task_train, cost=extraction_units,
-    test_split=_cross_task_test,
+    name="cross_task", train_split=_cross_task_train, test_split=_cross_task_test,
 ))

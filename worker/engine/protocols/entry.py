@@ -2,9 +2,10 @@
 trained on.
 
 An entry turns a run's training inputs into the split T is fitted on (and the figures that
-describe how it was made, such as IRI convergence), and says what that costs for the progress
-plan. Every protocol is evaluated on the normal test split unless it brings its own. What a
-protocol is called, its rank for the verdict and its flags (uses IRIs, runs in the controls,
+describe how it was made, such as IRI convergence): one function of the spec and the number
+of inputs that returns that work with the units it takes (core.progress.Work). Every
+protocol is evaluated on the normal test split unless it brings its own. What a protocol is
+called, its rank for the verdict and its flags (uses IRIs, runs in the controls,
 needs the front model's dataset ...) are its catalogue entry's (stitchsim.catalogue.PROTOCOLS).
 Adding a protocol is its catalogue entry plus one `register_protocol` call, in a module of
 this package (the package finds its modules; the order is the catalogue's), under the same
@@ -20,10 +21,10 @@ import torch
 from stitchsim import catalogue
 from stitchsim.models import IRIStats, Protocol, Spec
 from stitchsim_worker.engine.core.context import Cut, JobContext
-from stitchsim_worker.engine.core.progress import Units
+from stitchsim_worker.engine.core.progress import Work
 from stitchsim_worker.engine.core.registry import Registry, check_flag
 from stitchsim_worker.engine.models.cutting import BackPart
-from stitchsim_worker.engine.stitching.activations import InputSet, Split
+from stitchsim_worker.engine.stitching.activations import InputSet, Split, SplitFn
 from stitchsim_worker.engine.stitching.layer import StitchLayer
 from stitchsim_worker.engine.stitching.train import Augment
 
@@ -33,15 +34,15 @@ TrainSplitFn = Callable[[JobContext, Cut, InputSet, list[str]], tuple[Split, IRI
 @dataclass(frozen=True)
 class ProtocolImpl:
     name: Protocol
-    train_split: TrainSplitFn
-    """(ctx, cut, training inputs, back alignment points) -> split to fit T on, and stats."""
-    cost: Callable[[Spec, int], Units]
-    """Work units its training split of n inputs takes (the fits are fitting.seed_units)."""
+    train_split: Callable[[Spec, int], Work[TrainSplitFn]]
+    """(spec, n training inputs) -> making the split to fit T on, with its units: (ctx, cut,
+    training inputs, back alignment points) -> the split, and its stats."""
     augment: Callable[[JobContext, Cut, list[str], float], Augment] | None = None
     """(ctx, cut, back alignment points, alpha) -> what rewrites each training batch against
     the stitch being trained (adversarial; alpha is the share of the batch it attacks)."""
-    test_split: Callable[[JobContext, Cut], Split] | None = None
-    """Its own test split, when it is not the comparison's (cross-task pairing)."""
+    test_split: Callable[[int], Work[SplitFn]] | None = None
+    """(n test inputs) -> making its own test split, when it is not the comparison's
+    (cross-task pairing), with its units."""
     split_stage: Callable[[str, str], str] | None = None
     """(model, point) of the cut's front part -> the stage its training split shows in, a
     step of its own (the IRIs'); None: the split goes on in the stage before it."""
@@ -62,8 +63,6 @@ def register_protocol(impl: ProtocolImpl) -> ProtocolImpl:
     check_flag("protocol", impl.name, "uses_iris", flags.uses_iris, impl.split_stage is not None,
                "has a stage of its own for its split (the IRIs')")
     return PROTOCOL_IMPLS.register(impl)
-
-
 
 
 def stitched(cut: Cut, stitch: StitchLayer, back: BackPart) -> Callable[[torch.Tensor],

@@ -14,7 +14,7 @@ from stitchsim.models import Control, IRIStats, Objective, Protocol, ResultRow, 
 from stitchsim_worker.engine.core.bank import batches
 from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext
 from stitchsim_worker.engine.core.costs import Sizes, passes
-from stitchsim_worker.engine.core.progress import Units
+from stitchsim_worker.engine.core.progress import Units, Work
 from stitchsim_worker.engine.core.step import JobRun, Step
 from stitchsim_worker.engine.measures.metrics import evaluate, seed_interval
 from stitchsim_worker.engine.measures.outputs import OUTPUTS, Scored
@@ -52,7 +52,7 @@ def alignment_points(ctx: JobContext, cut: Cut) -> list[str]:
 
 @dataclass
 class Fitting:
-    """One objective's fits at one cut as its seeds run, one step each (fit_steps)."""
+    """One objective's fits at one cut as its seeds run, one step each (protocol_steps)."""
 
     objective: Objective
     back: BackPart
@@ -72,74 +72,80 @@ def start_fit(ctx: JobContext, cut: Cut, objective: Objective) -> Fitting:
     return Fitting(objective, cut.g.back(cut.j, later), time.perf_counter())
 
 
-def fit_seed(ctx: JobContext, cut: Cut, fitting: Fitting, s: int, train: Split,
-             tests: list[Split], augment: Augment | None = None) -> None:
-    """Train T for the s-th seed on `train`; evaluate it on each of `tests`."""
-    settings = ctx.spec.train
-    ctx.tracker.focus(objective=fitting.objective)
-    stitch = StitchLayer(cut.f.rep(cut.i), cut.g.rep(cut.j)).to(ctx.device)
-    task = FitTask(stitch, fitting.back, train, settings, settings.seed + s, ctx.device,
-                   ctx.tracker.counter("train"), ctx.tracker.should_cancel, augment,
-                   output=cut.g.output)
-    fitting.losses.append(OBJECTIVE_IMPLS[fitting.objective].fit(task))
-    fitting.stitches.append(stitch)
-    fitting.logits.append([stitched_logits(stitch, fitting.back, t, EVAL_BATCH, ctx.device,
-                                           ctx.tracker.step) for t in tests])
-    ctx.tracker.focus(objective=None)
+SeedFitFn = Callable[[JobContext, Cut, Fitting, int, Split, list[Split], Augment | None], None]
+"""(ctx, cut, the objective's fits so far, seed index s, training split, test splits, the
+alpha's augment) -> T of the s-th seed trained and evaluated on each test split."""
+RobustFn = Callable[[JobContext, Cut, Fit, Split], RobustStats]
 
 
-def seed_units(spec: Spec, objective: Objective, n_train: int, tests: Sequence[int], *,
-               augmented: bool = False) -> Units:
-    """fit_seed on n_train inputs, its stitched model run on each test split; an augmented
-    fit crafts PGD inputs in every training batch."""
-    batches = OBJECTIVE_IMPLS[objective].cost(n_train, spec.train)
-    units = Units(train=batches, forward=sum(passes(n, EVAL_BATCH) for n in tests))
-    return units + Units(augment=spec.adversarial.steps * batches) if augmented else units
+def fit_seed(spec: Spec, objective: Objective, n_train: int, tests: Sequence[int], *,
+             augmented: bool = False) -> Work[SeedFitFn]:
+    """One seed's fit of T on n_train inputs, then its stitched model on each test split (of
+    the sizes `tests`); an augmented fit crafts PGD inputs in every training batch."""
+    fit = OBJECTIVE_IMPLS[objective].fit(n_train, spec.train)
+    units = fit.units + Units(forward=sum(passes(n, EVAL_BATCH) for n in tests))
+    if augmented:
+        units += Units(augment=spec.adversarial.steps * fit.units.by_kind.get("train", 0))
+
+    def run(ctx: JobContext, cut: Cut, fitting: Fitting, s: int, train: Split,
+            tests: list[Split], augment: Augment | None) -> None:
+        settings = ctx.spec.train
+        ctx.tracker.focus(objective=fitting.objective)
+        stitch = StitchLayer(cut.f.rep(cut.i), cut.g.rep(cut.j)).to(ctx.device)
+        task = FitTask(stitch, fitting.back, train, settings, settings.seed + s, ctx.device,
+                       ctx.tracker.counter("train"), ctx.tracker.should_cancel, augment,
+                       output=cut.g.output)
+        fitting.losses.append(fit.run(task))
+        fitting.stitches.append(stitch)
+        fitting.logits.append([stitched_logits(stitch, fitting.back, t, EVAL_BATCH,
+                                               ctx.device, ctx.tracker.step) for t in tests])
+        ctx.tracker.focus(objective=None)
+
+    return Work(units, run)
 
 
-def robust_units(spec: Spec, n_test: int) -> Units:
-    """robust_stats: every seed's stitched model attacked on the test split."""
-    return Units(attack=attack_passes(spec.adversarial) * passes(n_test, EVAL_BATCH)
-                 * spec.train.seeds)
+def robust_stats(spec: Spec, n_test: int) -> Work[RobustFn]:
+    """The stitched and the back model on n_test inputs crafted by the spec's attack against
+    the stitched one (against the labels), every seed's, averaged over seeds; with how often
+    the attack fools each of the two (its success and its transfer rate)."""
+    per_batch = attack_passes(spec.adversarial)
 
+    def run(ctx: JobContext, cut: Cut, result: Fit, test: Split) -> RobustStats:
+        settings, seed = ctx.spec.adversarial, ctx.spec.train.seed
+        attack = ATTACK_IMPLS[settings.attack]
+        assert test.pixels is not None
+        evals, fooled = [], []
+        for n, stitch in enumerate(result.stitches):
+            h = stitched(cut, stitch, result.back)
+            gen = torch.Generator().manual_seed(settings.seed)
+            h_out, g_out = [], []
+            for idx in batches(len(test), EVAL_BATCH):
+                ctx.check_cancel()
+                x, y = test.pixels[idx].to(ctx.device), test.labels[idx].to(ctx.device)
+                x_adv = attack.run(h, x, y, settings, gen)
+                with torch.no_grad():
+                    h_out.append(h(x_adv).float().cpu())
+                    g_out.append(cut.g.logits(x_adv).float().cpu())
+                ctx.tracker.step(per_batch, "attack")
+            h_logits, g_logits = torch.cat(h_out), torch.cat(g_out)
+            evals.append(evaluate(h_logits, g_logits, test.labels, seed=seed))
+            clean = result.logits[n][0].argmax(-1)
+            fooled.append((_fooled(clean, h_logits, test.labels),
+                           _fooled(test.back_logits.all().argmax(-1), g_logits, test.labels)))
+        values = {k: seed_interval([getattr(e.figures, k) for e in evals])
+                  for k in ("agreement", "hard_agreement", "accuracy")}
+        ci = evals[0].ci["agreement"] if len(evals) == 1 else values["agreement"][1]
+        return RobustStats(
+            agreement=values["agreement"][0], agreement_ci=ci,
+            hard_agreement=values["hard_agreement"][0], accuracy=values["accuracy"][0],
+            back_accuracy=float(np.mean([e.back_accuracy for e in evals])),
+            epsilon=settings.attack_epsilon(), steps=settings.attack_steps(),
+            step_size=settings.attack_step_size(), attack=settings.attack,
+            success_rate=float(np.mean([s for s, _ in fooled])),
+            transfer_rate=float(np.mean([t for _, t in fooled])),
+        )
 
-def robust_stats(ctx: JobContext, cut: Cut, result: Fit, test: Split) -> RobustStats:
-    """The stitched and the back model on test inputs crafted by the spec's attack against
-    the stitched one (against the labels), averaged over seeds; with how often the attack
-    fools each of the two (its success and its transfer rate)."""
-    settings, seed = ctx.spec.adversarial, ctx.spec.train.seed
-    attack = ATTACK_IMPLS[settings.attack]
-    assert test.pixels is not None
-    evals, fooled = [], []
-    for n, stitch in enumerate(result.stitches):
-        h = stitched(cut, stitch, result.back)
-        gen = torch.Generator().manual_seed(settings.seed)
-        h_out, g_out = [], []
-        for idx in batches(len(test), EVAL_BATCH):
-            ctx.check_cancel()
-            x, y = test.pixels[idx].to(ctx.device), test.labels[idx].to(ctx.device)
-            x_adv = attack.run(h, x, y, settings, gen)
-            with torch.no_grad():
-                h_out.append(h(x_adv).float().cpu())
-                g_out.append(cut.g.logits(x_adv).float().cpu())
-            ctx.tracker.step(attack_passes(settings), "attack")
-        h_logits, g_logits = torch.cat(h_out), torch.cat(g_out)
-        evals.append(evaluate(h_logits, g_logits, test.labels, seed=seed))
-        clean = result.logits[n][0].argmax(-1)
-        fooled.append((_fooled(clean, h_logits, test.labels),
-                       _fooled(test.back_logits.all().argmax(-1), g_logits, test.labels)))
-    values = {k: seed_interval([getattr(e.figures, k) for e in evals])
-              for k in ("agreement", "hard_agreement", "accuracy")}
-    ci = evals[0].ci["agreement"] if len(evals) == 1 else values["agreement"][1]
-    return RobustStats(
-        agreement=values["agreement"][0], agreement_ci=ci,
-        hard_agreement=values["hard_agreement"][0], accuracy=values["accuracy"][0],
-        back_accuracy=float(np.mean([e.back_accuracy for e in evals])),
-        epsilon=settings.attack_epsilon(), steps=settings.attack_steps(),
-        step_size=settings.attack_step_size(), attack=settings.attack,
-        success_rate=float(np.mean([s for s, _ in fooled])),
-        transfer_rate=float(np.mean([t for _, t in fooled])),
-    )
+    return Work(Units(attack=per_batch * passes(n_test, EVAL_BATCH) * spec.train.seeds), run)
 
 
 def _fooled(clean_pred: torch.Tensor, attacked: torch.Tensor, labels: torch.Tensor) -> float:
@@ -230,34 +236,37 @@ def _protocol_steps(spec: Spec, sizes: Sizes, at: _AtCut, protocol: Protocol,
     before it), then its fits, each alpha, objective and seed a step, in its train stage."""
     entry, (label, front) = PROTOCOL_IMPLS[protocol], cut
     n_fit, own = sizes.train, list(tests)
-    split_units = entry.cost(spec, sizes.train)
+    own_test = None
     if entry.test_split is not None:  # its own data, and its own test split
         n_fit = sizes.front_train or sizes.train
+        own_test = entry.test_split(sizes.front_test or sizes.test)
         own = [sizes.front_test or sizes.test] * len(tests)
-        split_units = Units(forward=passes(own[0], EVAL_BATCH)) + entry.cost(spec, n_fit)
+    train = entry.train_split(spec, n_fit)
 
     def split(job: JobRun) -> None:
         ctx, cut = job.ctx, at.cut
         assert cut is not None and at.inputs is not None
         ctx.tracker.focus(point=cut.label, protocol=protocol)
-        at.train, at.stats = entry.train_split(ctx, cut, at.inputs, alignment_points(ctx, cut))
+        at.train, at.stats = train.run(ctx, cut, at.inputs, alignment_points(ctx, cut))
         at.made[protocol] = at.train
-        at.own = [entry.test_split(ctx, cut)] * len(at.tests) if entry.test_split else at.tests
+        at.own = [own_test.run(ctx, cut)] * len(at.tests) if own_test else at.tests
 
+    split_units = train.units + (own_test.units if own_test else Units())
     steps = [Step(entry.split_stage(*front) if entry.split_stage else None, split_units, split,
                   part)]
-    robust = spec.adversarial.evaluate and control is None and entry.test_split is None
+    attack = (robust_stats(spec, own[0])
+              if spec.adversarial.evaluate and control is None and own_test is None else None)
     alphas = _alphas(spec, protocol)
     stage: str | None = f"train {label} {protocol}"
     for alpha in alphas:
         for objective in spec.objectives:
             for s in range(spec.train.seeds):
-                units = seed_units(spec, objective, n_fit, own, augmented=bool(alpha))
+                seed = fit_seed(spec, objective, n_fit, own, augmented=bool(alpha))
                 closes = s == spec.train.seeds - 1
-                if closes and robust:
-                    units += robust_units(spec, own[0])
+                units = seed.units + (attack.units if closes and attack else Units())
                 steps.append(Step(stage, units, _fit_step(
-                    at, protocol, alpha, objective, s, closes=closes, robust=robust,
+                    at, protocol, alpha, objective, s, seed.run, closes=closes,
+                    robust=attack.run if attack else None,
                     new_alpha=s == 0 and objective == spec.objectives[0],
                     drawn=control is None and objective == spec.objectives[0]
                     and alpha == alphas[0], control=control), part))
@@ -266,9 +275,11 @@ def _protocol_steps(spec: Spec, sizes: Sizes, at: _AtCut, protocol: Protocol,
 
 
 def _fit_step(at: _AtCut, protocol: Protocol, alpha: float | None, objective: Objective,
-              s: int, *, closes: bool, robust: bool, new_alpha: bool, drawn: bool,
-              control: Control | None) -> Callable[[JobRun], None]:
-    """One seed's fit; the last seed's step also scores the objective's fits into rows."""
+              s: int, fit: SeedFitFn, *, closes: bool, robust: RobustFn | None,
+              new_alpha: bool, drawn: bool, control: Control | None
+              ) -> Callable[[JobRun], None]:
+    """One seed's fit; the last seed's step also scores the objective's fits into rows (with
+    the robust evaluation, when there is one)."""
 
     def run(job: JobRun) -> None:
         ctx, cut, entry = job.ctx, at.cut, PROTOCOL_IMPLS[protocol]
@@ -280,7 +291,7 @@ def _fit_step(at: _AtCut, protocol: Protocol, alpha: float | None, objective: Ob
             # alpha 0 attacks nothing: the clean arm, fitted without an augment at all.
             at.augment = (entry.augment(ctx, cut, alignment_points(ctx, cut), alpha)
                           if entry.augment and alpha else None)
-        fit_seed(ctx, cut, at.fitting, s, at.train, at.own, at.augment)
+        fit(ctx, cut, at.fitting, s, at.train, at.own, at.augment)
         if closes:
             _score(ctx, cut, at, objective, protocol, alpha, robust,
                    drawn and catalogue.OUTPUT_KINDS[cut.g.output].grid, control)
@@ -289,11 +300,12 @@ def _fit_step(at: _AtCut, protocol: Protocol, alpha: float | None, objective: Ob
 
 
 def _score(ctx: JobContext, cut: Cut, at: _AtCut, objective: Objective, protocol: Protocol,
-           alpha: float | None, robust: bool, drawn: bool, control: Control | None) -> None:
+           alpha: float | None, robust: RobustFn | None, drawn: bool,
+           control: Control | None) -> None:
     """The objective's fits (every seed) as rows, one per test split."""
     assert at.fitting is not None
     result = at.fitting.done()
-    attacked = robust_stats(ctx, cut, result, at.own[0]) if robust else None
+    attacked = robust(ctx, cut, result, at.own[0]) if robust else None
     for k, test in enumerate(at.own):
         grid = image_grid(cut, test, result.on(k)[0]) if drawn and k == 0 else None
         at.rows[k].append(make_row(

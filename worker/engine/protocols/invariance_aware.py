@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from stitchsim.models import IRISettings, IRIStats, Spec
 from stitchsim_worker.engine.core.context import Cut, JobContext
-from stitchsim_worker.engine.core.progress import Units
+from stitchsim_worker.engine.core.progress import Units, Work
 from stitchsim_worker.engine.iri import synthesis as iri
 from stitchsim_worker.engine.protocols.entry import (
     ProtocolImpl,
+    TrainSplitFn,
     register_protocol,
 )
-from stitchsim_worker.engine.protocols.standard import extraction_units
 from stitchsim_worker.engine.stitching.activations import InputSet, Split, train_split
 
 IRI_STEP_UNITS = 3
@@ -37,8 +37,9 @@ def round_ends(settings: IRISettings) -> list[float]:
     return [sum(lengths[: r + 1]) / sum(lengths) for r in range(len(lengths))]
 
 
-def _iris(ctx: JobContext, cut: Cut, inputs: InputSet) -> iri.IRIResult:
-    """The front model's IRIs of the training inputs at i, from the cache when it has them."""
+def _iris(ctx: JobContext, cut: Cut, inputs: InputSet, units: int) -> iri.IRIResult:
+    """The front model's IRIs of the training inputs at i, from the cache when it has them;
+    `units` is their planned work (iri_units)."""
     settings = ctx.spec.iri
     key = iri.cache_key(ctx.identity(cut.f), cut.i, inputs.digest, settings)
 
@@ -48,8 +49,8 @@ def _iris(ctx: JobContext, cut: Cut, inputs: InputSet) -> iri.IRIResult:
 
     # A step costs as much as the samples still being stepped (the converged ones have left
     # the batch). A cache hit takes no steps: the span gives its units back at once.
-    with ctx.tracker.span(iri_units(ctx.spec, inputs.pixels.n),
-                          weight=IRI_STEP_UNITS / settings.batch_size, marks=round_ends(settings)):
+    with ctx.tracker.span(units, weight=IRI_STEP_UNITS / settings.batch_size,
+                          marks=round_ends(settings)):
         result = iri.get_iris(
             key=key, cache=ctx.iri_cache, front=cut.f.front(cut.i), pixels=inputs.pixels,
             settings=settings, banks=ctx.banks, device=ctx.device, on_step=on_step,
@@ -64,20 +65,20 @@ def _iris(ctx: JobContext, cut: Cut, inputs: InputSet) -> iri.IRIResult:
     return result
 
 
-def invariance_aware_split(
-    ctx: JobContext, cut: Cut, inputs: InputSet, points: list[str]
-) -> tuple[Split, IRIStats | None]:
-    result = _iris(ctx, cut, inputs)
-    # The IRIs' key names them: the same key, the same IRIs (on one device type).
-    iris = f"iri:{iri.cache_key(ctx.identity(cut.f), cut.i, inputs.digest, ctx.spec.iri)}"
-    return train_split(ctx, cut, result.images, inputs.labels, points, iris), result.stats
+def invariance_aware_split(spec: Spec, n: int) -> Work[TrainSplitFn]:
+    """The front model's IRIs of the n training inputs, then both models over them."""
+    extract, iri_work = train_split(n), iri_units(spec, n)
 
+    def run(ctx: JobContext, cut: Cut, inputs: InputSet, points: list[str]
+            ) -> tuple[Split, IRIStats | None]:
+        result = _iris(ctx, cut, inputs, iri_work)
+        # The IRIs' key names them: the same key, the same IRIs (on one device type).
+        iris = f"iri:{iri.cache_key(ctx.identity(cut.f), cut.i, inputs.digest, ctx.spec.iri)}"
+        return extract.run(ctx, cut, result.images, inputs.labels, points, iris), result.stats
 
-def iris_and_extraction(spec: Spec, n: int) -> Units:
-    return extraction_units(spec, n) + Units(iri=iri_units(spec, n))
+    return Work(extract.units + Units(iri=iri_work), run)
 
 
 register_protocol(ProtocolImpl(
-    name="invariance_aware", train_split=invariance_aware_split, cost=iris_and_extraction,
-    split_stage=iri_stage,
+    name="invariance_aware", train_split=invariance_aware_split, split_stage=iri_stage,
 ))

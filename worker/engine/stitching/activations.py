@@ -4,13 +4,14 @@ models are frozen and nothing is augmented."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from stitchsim_worker.engine.core.bank import Bank
 from stitchsim_worker.engine.core.context import EVAL_BATCH, Cut, JobContext, test_inputs
-from stitchsim_worker.engine.core.costs import Sizes, passes
-from stitchsim_worker.engine.core.progress import Units
+from stitchsim_worker.engine.core.costs import passes
+from stitchsim_worker.engine.core.progress import Units, Work
 
 
 @dataclass
@@ -45,41 +46,56 @@ class InputSet:
     digest: str
 
 
-def train_split(
-    ctx: JobContext, cut: Cut, pixels: Bank, labels: torch.Tensor, points: list[str],
-    identity: str | None = None,
-) -> Split:
-    """Stitch inputs f<=i(x), the back model's logits and its tensors at `points` (j first);
-    `identity` names the pixels' content (the reference's share is then kept across jobs)."""
-    probe, front = cut.g.probe(points), cut.f.front(cut.i)
-    logits, *feats = ctx.model_compute(cut.g, f"probe {points}", identity, pixels,
-                                       lambda x: (*probe(x),))
-    (inputs,) = ctx.model_compute(cut.f, f"front {cut.i}", identity, pixels,
-                                  lambda x: (front(x),))
-    return Split(inputs, labels, logits, feats, pixels)
+ExtractFn = Callable[[JobContext, Cut, Bank, torch.Tensor, list[str], str | None], Split]
+"""(ctx, cut, pixels, labels, back points, the pixels' identity) -> the split."""
+SplitFn = Callable[[JobContext, Cut], Split]
+ImagesFn = Callable[[JobContext, Cut, torch.Tensor, torch.Tensor], Split]
 
 
-def test_split(ctx: JobContext, cut: Cut) -> Split:
-    """The test split: f<=i(x) and g(x) (already computed once per job)."""
-    front = cut.f.front(cut.i)
-    (inputs,) = ctx.model_compute(cut.f, f"front {cut.i}", test_inputs(ctx.prep.data.digest),
-                                  ctx.test_pixels, lambda x: (front(x),))
-    data = ctx.prep.data.test
-    return Split(inputs, data.labels, ctx.test_logits[cut.g.where], [], ctx.test_pixels)
+def train_split(n: int) -> Work[ExtractFn]:
+    """Stitch inputs f<=i(x), the back model's logits and its tensors at `points` (j first)
+    over n inputs: a pass of each model. An `identity` names the pixels' content (the
+    reference's share is then kept across jobs)."""
+
+    def run(ctx: JobContext, cut: Cut, pixels: Bank, labels: torch.Tensor, points: list[str],
+            identity: str | None = None) -> Split:
+        probe, front = cut.g.probe(points), cut.f.front(cut.i)
+        logits, *feats = ctx.model_compute(cut.g, f"probe {points}", identity, pixels,
+                                           lambda x: (*probe(x),))
+        (inputs,) = ctx.model_compute(cut.f, f"front {cut.i}", identity, pixels,
+                                      lambda x: (front(x),))
+        return Split(inputs, labels, logits, feats, pixels)
+
+    return Work(Units(forward=2 * passes(n, EVAL_BATCH)), run)
 
 
-def test_split_units(sizes: Sizes) -> Units:
-    """test_split: the front part over the test split."""
-    return Units(forward=passes(sizes.test, EVAL_BATCH))
+def test_split(n: int) -> Work[SplitFn]:
+    """The test split of n inputs: f<=i(x), a pass of the front part, and g(x) (computed once
+    per job, as it opens)."""
+
+    def run(ctx: JobContext, cut: Cut) -> Split:
+        front = cut.f.front(cut.i)
+        (inputs,) = ctx.model_compute(cut.f, f"front {cut.i}",
+                                      test_inputs(ctx.prep.data.digest), ctx.test_pixels,
+                                      lambda x: (front(x),))
+        data = ctx.prep.data
+        return Split(inputs, data.test.labels,
+                     ctx.test_logits[cut.g.where], [], ctx.test_pixels)
+
+    return Work(Units(forward=passes(n, EVAL_BATCH)), run)
 
 
-def images_split(ctx: JobContext, cut: Cut, images: torch.Tensor, labels: torch.Tensor) -> Split:
-    """A test split of other images (e.g. with markers): both models run on them."""
-    pixels = ctx.bank(images)
-    front = cut.f.front(cut.i)
-    (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
-    (logits,) = ctx.compute(pixels, lambda x: (cut.g.logits(x),))
-    return Split(inputs, labels, logits, [], pixels)
+def images_split(n: int) -> Work[ImagesFn]:
+    """A test split of n other images (e.g. with markers): a pass of both models on them."""
+
+    def run(ctx: JobContext, cut: Cut, images: torch.Tensor, labels: torch.Tensor) -> Split:
+        pixels = ctx.bank(images)
+        front = cut.f.front(cut.i)
+        (inputs,) = ctx.compute(pixels, lambda x: (front(x),))
+        (logits,) = ctx.compute(pixels, lambda x: (cut.g.logits(x),))
+        return Split(inputs, labels, logits, [], pixels)
+
+    return Work(Units(forward=2 * passes(n, EVAL_BATCH)), run)
 
 
 def with_inputs(split: Split, inputs: Bank) -> Split:

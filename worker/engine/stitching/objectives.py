@@ -1,14 +1,14 @@
 """The alignment objectives (docs/method.md), one registered entry each.
 
-An entry says how T is fitted (a loss for Adam, or a closed form) and what a fit costs for the
-progress plan. What an objective is called, and its flags (which of the back model's tensors
-it needs), are its catalogue entry's (stitchsim.catalogue.OBJECTIVES). Adding an objective is
+An entry says how T is fitted (a loss for Adam, or a closed form): one function of the
+number of training samples and the settings that returns the fit with the units it takes.
+What an objective is called, and its flags (which of the back model's tensors it needs), are
+its catalogue entry's (stitchsim.catalogue.OBJECTIVES). Adding an objective is
 its catalogue entry plus one `register_objective` call here, under the same name.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from stitchsim import catalogue
 from stitchsim.models import Objective, TrainSettings
+from stitchsim_worker.engine.core.costs import passes
+from stitchsim_worker.engine.core.progress import Units, Work
 from stitchsim_worker.engine.core.registry import Registry, check_flag
 from stitchsim_worker.engine.measures.metrics import relative_distance
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
@@ -31,14 +33,15 @@ from stitchsim_worker.engine.stitching.train import (
 
 LS_BATCH = 256
 
+FitFn = Callable[[FitTask], float]
+
 
 @dataclass(frozen=True)
 class ObjectiveImpl:
     name: Objective
-    fit: Callable[[FitTask], float]
-    """Fits task.stitch on task.split (initialised or not); returns the training loss."""
-    cost: Callable[[int, TrainSettings], int]
-    """Work units (batches through T and g>j) of one fit on n training samples."""
+    fit: Callable[[int, TrainSettings], Work[FitFn]]
+    """(n training samples, settings) -> a fit of task.stitch on task.split (initialised or
+    not) that returns the training loss, with its units (batches through T and g>j)."""
     with_feats: bool = False
     """Its loss reads the back model's tensors at j and every later stage, not just at j (the
     split carries them: its catalogue entry aligns later points)."""
@@ -80,42 +83,43 @@ def latent_alignment_loss(b: LossInputs) -> torch.Tensor:
 
 
 def _trained(name: Objective, loss: LossFn, with_feats: bool = False) -> ObjectiveImpl:
-    """An objective trained with Adam on its loss, an epoch's batches a pass."""
-    return ObjectiveImpl(name=name, fit=_adam(loss, with_feats), cost=_epochs,
-                         with_feats=with_feats)
+    """An objective trained with Adam on its loss."""
+    return ObjectiveImpl(name=name, fit=_adam(loss, with_feats), with_feats=with_feats)
 
 
-def _adam(loss: LossFn, with_feats: bool) -> Callable[[FitTask], float]:
-    """Least-squares initialisation on `init_samples`, then Adam on the loss."""
+def _adam(loss: LossFn, with_feats: bool) -> Callable[[int, TrainSettings], Work[FitFn]]:
+    """Least-squares initialisation on `init_samples`, then Adam on the loss: every epoch's
+    batches (train_stitch reports each)."""
+
+    def plan(n: int, settings: TrainSettings) -> Work[FitFn]:
+        def fit(task: FitTask) -> float:
+            init_least_squares(task.stitch, task.split, task.settings.init_samples, LS_BATCH,
+                               task.device)
+            return train_stitch(task, loss, with_feats)
+
+        return Work(Units(train=settings.epochs * passes(n, settings.batch_size)), fit)
+
+    return plan
+
+
+def _closed_form(n: int, _settings: TrainSettings) -> Work[FitFn]:
+    """dm's optimum for a linear T is the least-squares solution over the whole split (with
+    adversarial stitch training: solved again on inputs attacked against that solution),
+    counted as one pass of least-squares batches."""
+    units = passes(n, LS_BATCH)
 
     def fit(task: FitTask) -> float:
-        init_least_squares(task.stitch, task.split, task.settings.init_samples, LS_BATCH,
-                           task.device)
-        return train_stitch(task, loss, with_feats)
+        init_least_squares(task.stitch, task.split, len(task.split), LS_BATCH, task.device)
+        if task.augment is not None:
+            refit_least_squares(task, LS_BATCH)
+        loss = direct_matching_loss(task.stitch, task.split, LS_BATCH, task.device)
+        task.on_step(units)
+        return loss
 
-    return fit
-
-
-def _closed_form(task: FitTask) -> float:
-    """dm's optimum for a linear T is the least-squares solution over the whole split (with
-    adversarial stitch training: solved again on inputs attacked against that solution)."""
-    init_least_squares(task.stitch, task.split, len(task.split), LS_BATCH, task.device)
-    if task.augment is not None:
-        refit_least_squares(task, LS_BATCH)
-    loss = direct_matching_loss(task.stitch, task.split, LS_BATCH, task.device)
-    task.on_step(_one_pass(len(task.split), task.settings))
-    return loss
-
-
-def _epochs(n: int, settings: TrainSettings) -> int:
-    return settings.epochs * math.ceil(n / settings.batch_size)
-
-
-def _one_pass(n: int, _settings: TrainSettings) -> int:
-    return math.ceil(n / LS_BATCH)
+    return Work(Units(train=units), fit)
 
 
 register_objective(_trained("hlm", hard_label_loss))
 register_objective(_trained("slm", soft_label_loss))
-register_objective(ObjectiveImpl(name="dm", fit=_closed_form, cost=_one_pass))
+register_objective(ObjectiveImpl(name="dm", fit=_closed_form))
 register_objective(_trained("fula", latent_alignment_loss, with_feats=True))
