@@ -105,8 +105,8 @@ def _clustered_noise_steps(spec: Spec, sizes: Sizes, direction: Direction,
                           _noise_splits(floor, direction, pair, real_train.run, real_test.run)))
         for sigma in spec.control_settings.noise_sigmas:
             for objective in spec.objectives:
+                fit = fit_seed(spec, objective, sizes.train, [sizes.test])
                 for s in range(spec.train.seeds):
-                    fit = fit_seed(spec, objective, sizes.train, [sizes.test])
                     steps.append(Step(None, fit.units,
                                       _noise_fit(floor, sigma, objective, s, fit.run),
                                       "control"))

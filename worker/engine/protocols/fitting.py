@@ -88,7 +88,7 @@ def fit_seed(spec: Spec, objective: Objective, n_train: int, tests: Sequence[int
         units += Units(augment=spec.adversarial.steps * fit.units.by_kind.get("train", 0))
 
     def run(ctx: JobContext, cut: Cut, fitting: Fitting, s: int, train: Split,
-            tests: list[Split], augment: Augment | None) -> None:
+            test_splits: list[Split], augment: Augment | None) -> None:
         settings = ctx.spec.train
         ctx.tracker.focus(objective=fitting.objective)
         stitch = StitchLayer(cut.f.rep(cut.i), cut.g.rep(cut.j)).to(ctx.device)
@@ -98,7 +98,8 @@ def fit_seed(spec: Spec, objective: Objective, n_train: int, tests: Sequence[int
         fitting.losses.append(fit.run(task))
         fitting.stitches.append(stitch)
         fitting.logits.append([stitched_logits(stitch, fitting.back, t, EVAL_BATCH,
-                                               ctx.device, ctx.tracker.step) for t in tests])
+                                               ctx.device, ctx.tracker.step)
+                               for t in test_splits])
         ctx.tracker.focus(objective=None)
 
     return Work(units, run)
@@ -260,8 +261,8 @@ def _protocol_steps(spec: Spec, sizes: Sizes, at: _AtCut, protocol: Protocol,
     stage: str | None = f"train {label} {protocol}"
     for alpha in alphas:
         for objective in spec.objectives:
+            seed = fit_seed(spec, objective, n_fit, own, augmented=bool(alpha))
             for s in range(spec.train.seeds):
-                seed = fit_seed(spec, objective, n_fit, own, augmented=bool(alpha))
                 closes = s == spec.train.seeds - 1
                 units = seed.units + (attack.units if closes and attack else Units())
                 steps.append(Step(stage, units, _fit_step(
