@@ -21,6 +21,7 @@ from stitchsim_service.core import jobs
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.quotas import free_check_slot
 from stitchsim_service.core.store import StoreError, object_key, report_key
+from stitchsim_worker import soft_limit
 
 log = logging.getLogger("stitchsim.worker")
 
@@ -133,9 +134,21 @@ def _timed_out(ctx: Context, what: str) -> dict[str, Any]:
         "takes as long", {"check_timeout_s": limit}).as_dict()}
 
 
+def _in_time(ctx: Context, what: str, answer: dict[str, Any], fired: soft_limit.Fired,
+             ) -> dict[str, Any]:
+    """A check that failed after its soft limit fired ran out of time, whatever it raised."""
+    return _timed_out(ctx, what) if fired.is_set and "failure" in answer else answer
+
+
 def check_spec_doc(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
     """{"estimate": Estimate} when the spec can run; else {"failure": the engine's Failure as
     a dict}, which the gateway raises again as it is (service/core/queue.py CheckOutcome)."""
+    with soft_limit.watched() as fired:
+        answer = _check_spec_answer(ctx, spec_doc)
+    return _in_time(ctx, "checking this spec", answer, fired)
+
+
+def _check_spec_answer(ctx: Context, spec_doc: dict[str, Any]) -> dict[str, Any]:
     from stitchsim_worker.engine import check_spec
 
     _celery_interrupts()
@@ -185,6 +198,13 @@ def stitch_points_doc(ctx: Context, checkpoint_id: str, ref: dict[str, Any]) -> 
     """GET /checkpoints/{id}/points, on a check worker: {"points": StitchPoints as a dict}, or
     {"failure": ...} as check_spec_doc answers. `ref` holds the ModelRef fields the caller set
     (arch, arch_kwargs, input_size)."""
+    with soft_limit.watched() as fired:
+        answer = _stitch_points_answer(ctx, checkpoint_id, ref)
+    return _in_time(ctx, "listing this model's stitch points", answer, fired)
+
+
+def _stitch_points_answer(ctx: Context, checkpoint_id: str, ref: dict[str, Any],
+                          ) -> dict[str, Any]:
     from stitchsim.models import ModelRef
     from stitchsim_worker.engine.models.points import checkpoint_points
 
@@ -315,6 +335,16 @@ def execute_job(ctx: Context, job_id: str, worker: str) -> str:
 
 
 def _run_engine(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> jobs.Outcome:
+    with soft_limit.watched() as fired:
+        outcome = _engine_outcome(ctx, claim, tracker)
+    if fired.is_set and outcome.state == "failed":
+        # Told to stop, it failed: whatever the interrupted code raised on its way out (a
+        # library may swallow the interrupt and fail with an error of its own).
+        return jobs.Outcome.failed(_time_limit_failure(ctx))
+    return outcome
+
+
+def _engine_outcome(ctx: Context, claim: jobs.Claim, tracker: _Tracker) -> jobs.Outcome:
     try:
         from stitchsim_worker.engine import JobCancelled, run_job
     except Exception as exc:
@@ -373,25 +403,27 @@ def _says_out_of_memory(exc: BaseException) -> bool:
     return any(phrase in text for phrase in _OUT_OF_MEMORY_PHRASES)
 
 
+def _time_limit_failure(ctx: Context) -> Failure:
+    # The soft limit is what fired (the hard one, STITCHSIM_JOB_TIME_LIMIT_S, kills the
+    # process without a word): name the time the job actually had.
+    from stitchsim_service.core.queue import soft_time_limit_s
+
+    limit = soft_time_limit_s(ctx.settings)
+    return Failure("time_limit", f"the job ran past its time limit of {limit} s "
+                   "(STITCHSIM_JOB_TIME_LIMIT_S less a 30 s margin to stop cleanly); "
+                   "ask for fewer stitch points, epochs or IRI steps")
+
+
 def _host_failure(ctx: Context, exc: BaseException) -> Failure | None:
     """The failure of a job stopped by its host, not by a bug: the time limit ran out, or
     memory did. The whole chain of causes is read (the engine keeps what it wrapped as the
     cause). None: something else."""
-    from celery.exceptions import SoftTimeLimitExceeded
-
     seen: BaseException | None = exc
     for _ in range(16):  # a chain of causes, bounded
         if seen is None:
             break
         if isinstance(seen, SoftTimeLimitExceeded):
-            # The soft limit is what fired (the hard one, STITCHSIM_JOB_TIME_LIMIT_S, kills
-            # the process without a word): name the time the job actually had.
-            from stitchsim_service.core.queue import soft_time_limit_s
-
-            limit = soft_time_limit_s(ctx.settings)
-            return Failure("time_limit", f"the job ran past its time limit of {limit} s "
-                           "(STITCHSIM_JOB_TIME_LIMIT_S less a 30 s margin to stop cleanly); "
-                           "ask for fewer stitch points, epochs or IRI steps")
+            return _time_limit_failure(ctx)
         if type(seen).__name__ == "OutOfMemoryError":  # torch's, without importing torch here
             return Failure("out_of_memory", "the GPU ran out of memory; use a smaller batch "
                            "size or fewer stitch points")

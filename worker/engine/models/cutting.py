@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from stitchsim_worker.engine.core.errors import interrupted
 from timm.models._features_fx import get_notrace_functions, get_notrace_modules
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -74,6 +75,8 @@ class ModelSplitter:
             self._graph = tracer.trace(net)
             self._outputs = tracer.module_outputs
         except Exception as e:  # noqa: BLE001 - any tracing failure means: use hooks
+            if interrupted(e):  # the host's time limit, not a model fx cannot trace
+                raise
             log.info("fx tracing of %s failed (%s); using the hook path", type(net).__name__, e)
 
     @property

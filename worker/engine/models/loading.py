@@ -17,6 +17,7 @@ from stitchsim.catalogue import OUTPUT_KINDS
 from stitchsim.failure import Failure
 from stitchsim.files.model_config import CONFIG_FILE, InvalidModelConfig, ModelConfig, from_metadata
 from stitchsim.models import ModelRef
+from stitchsim_worker.engine.core.errors import interrupted
 from stitchsim_worker.engine.core.resources import BuildLimits
 from stitchsim_worker.engine.measures.outputs import detect_kind
 from stitchsim_worker.engine.models import autoencoder as _autoencoder  # noqa: F401 - registers it
@@ -259,6 +260,8 @@ def detect_output(net: nn.Module, size: int, arch: str) -> str:
         with torch.no_grad():
             out = net(torch.zeros(1, 3, size, size, device=device))
     except Exception as e:  # noqa: BLE001 - any failure: the model does not run on this input
+        if interrupted(e):
+            raise
         if classes > 0:
             return "logits"
         raise Failure("invalid_input_size",
