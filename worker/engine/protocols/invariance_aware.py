@@ -37,11 +37,11 @@ def round_ends(settings: IRISettings) -> list[float]:
     return [sum(lengths[: r + 1]) / sum(lengths) for r in range(len(lengths))]
 
 
-def _iris(ctx: JobContext, cut: Cut, inputs: InputSet, units: int) -> iri.IRIResult:
-    """The front model's IRIs of the training inputs at i, from the cache when it has them;
-    `units` is their planned work (iri_units)."""
+def _iris(ctx: JobContext, cut: Cut, inputs: InputSet, key: str, units: int
+          ) -> iri.IRIResult:
+    """The front model's IRIs of the training inputs at i, from the cache when it holds
+    `key`; `units` is their planned work (iri_units)."""
     settings = ctx.spec.iri
-    key = iri.cache_key(ctx.identity(cut.f), cut.i, inputs.digest, settings)
 
     def on_step(live: int) -> None:
         ctx.check_cancel()
@@ -71,10 +71,11 @@ def invariance_aware_split(spec: Spec, n: int) -> Work[TrainSplitFn]:
 
     def run(ctx: JobContext, cut: Cut, inputs: InputSet, points: list[str]
             ) -> tuple[Split, IRIStats | None]:
-        result = _iris(ctx, cut, inputs, iri_work)
+        key = iri.cache_key(ctx.identity(cut.f), cut.i, inputs.digest, ctx.spec.iri)
+        result = _iris(ctx, cut, inputs, key, iri_work)
         # The IRIs' key names them: the same key, the same IRIs (on one device type).
-        iris = f"iri:{iri.cache_key(ctx.identity(cut.f), cut.i, inputs.digest, ctx.spec.iri)}"
-        return extract.run(ctx, cut, result.images, inputs.labels, points, iris), result.stats
+        return (extract.run(ctx, cut, result.images, inputs.labels, points, f"iri:{key}"),
+                result.stats)
 
     return Work(extract.units + Units(iri=iri_work), run)
 
