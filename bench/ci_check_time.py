@@ -34,9 +34,8 @@ def ci_spec(spec_file: Path, front: Path, back: Path, budget: str) -> Any:
     fields = {**demo_spec(spec_file), "budget": budget,
               "front": {"checkpoint": {"path": str(front)}},
               "back": {"checkpoint": {"path": str(back)}}}
-    if budget != "full":  # the preset's samples: the demo spec's own would win over them
-        fields["train"] = {k: v for k, v in fields["train"].items()
-                           if k not in ("max_train_samples", "max_test_samples")}
+    if budget != "full":  # the preset's training samples: the demo spec's own would win
+        fields["train"] = {k: v for k, v in fields["train"].items() if k != "max_train_samples"}
     return Spec.model_validate(fields)
 
 

@@ -231,6 +231,7 @@ class Sizes:
     test: int = 300
     points: int = 3
     extra_rounds: int | None = None  # None: the default method's own
+    ci_train: int | None = None  # under a preset: the spec's own training samples (they win)
 
 
 def spec_of(fam: Family, front: Path, back: Path, seed: int, budget: str,
@@ -247,9 +248,11 @@ def spec_of(fam: Family, front: Path, back: Path, seed: int, budget: str,
     }
     if sizes.extra_rounds is not None:
         fields["iri"] = {"extra_rounds": sizes.extra_rounds}
-    if budget != "full":  # the preset's samples and points (of the same 3 listed points)
+    if budget != "full":  # the preset's training samples; the test samples and points as asked
         fields["budget"] = budget
-        fields["train"] = {"epochs": 4, "seed": seed}
+        fields["train"] = {"epochs": 4, "max_test_samples": sizes.test, "seed": seed}
+        if sizes.ci_train is not None:
+            fields["train"]["max_train_samples"] = sizes.ci_train
     return Spec.model_validate(fields)
 
 
@@ -286,8 +289,9 @@ class Bench:
 
     def check(self, fam: Family, tag: str, back: Path, seed: int, ref: Path) -> dict[str, Any]:
         z = self.sizes
+        own = "" if z.ci_train is None else f"-own{z.ci_train}"
         path = (self.out / "reports" / f"{self.budget}-{z.train}-{z.test}-{z.points}-"
-                f"{z.extra_rounds}" / f"{tag}.seed{seed}.json")
+                f"{z.extra_rounds}{own}" / f"{tag}.seed{seed}.json")
         if path.exists():
             cached = json.loads(path.read_text())
             # Rows from before per-point figures: the first rerun is made again for them
@@ -474,7 +478,7 @@ def agreement(mine: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
         out[name] = {"models": len(both), **{
             g: {"differ": [k for k in both if _fails(a[k][g]) != _fails(b[k][g])]}
             for g in GATES}}
-        # Per-point gates at the points both budgets stitch (ci keeps the first and last).
+        # Per-point gates at the points both runs stitch.
         shared = set(a[both[0]].get("points", {})) & set(b[both[0]].get("points", {}))
         for p in sorted(shared):
             out[name][f"{p}_gate"] = {"differ": [
@@ -512,12 +516,15 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="default: OUT/drift_power.<budget>.json")
     ap.add_argument("--per-point", action="store_true", help="make the first rerun of cached "
                     "checks again where it lacks per-point figures (runs from before them)")
+    ap.add_argument("--ci-train-samples", type=int, help="under --budget ci: the spec's own "
+                    "train.max_train_samples (as a report's too-few-vectors warning advises)")
     ap.add_argument("--agree-with", type=Path, help="another run's JSON (the full budget's): "
                     "list the models whose gate decisions differ from it")
     args = ap.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    b = Bench(args.out, args.budget, Sizes(args.train_samples, args.test_samples, args.points,
-                                           args.extra_rounds), per_point=args.per_point)
+    sizes = Sizes(args.train_samples, args.test_samples, args.points, args.extra_rounds,
+                  args.ci_train_samples)
+    b = Bench(args.out, args.budget, sizes, per_point=args.per_point)
     result: dict[str, Any] = {"budget": args.budget, "reruns": args.reruns,
                               "sizes": vars(b.sizes), "epochs": args.epochs,
                               "reseeds": args.reseeds, "doses": {

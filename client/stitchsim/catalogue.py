@@ -326,12 +326,13 @@ BUDGETS: Kind[BudgetEntry] = Kind("budget", (
                 default=True),
     BudgetEntry(
         "ci", "CI", "the default method on fewer samples and points, for a gate run on every "
-        "pull request: 64 training samples for the stitch and its IRIs, 200 test samples, "
-        "at most 2 stitch points (the first and the last); fields the spec sets win. On "
-        "the drift series of bench/drift_power.py its --max-drop auto decisions were the "
-        "full budget's for the demo's models (20 of 20), not for a tiny ConvNeXt (18 of 20): "
-        "docs/benchmarks.md, Drift power",
-        train=(("max_train_samples", 64), ("max_test_samples", 200)), points=2),
+        "pull request: 64 training samples for the stitch and its IRIs (the IRIs are most of "
+        "a check's cost), or as many as the hungriest stitch point needs for 10 activation "
+        "vectors per unknown of its affine map; at most 3 of the points `layers: auto` picks "
+        "(the first, the middle and the last). The test samples and a listed `layers` are "
+        "the spec's, and fields the spec sets win. Its decisions against the full budget's "
+        "on the drift series: docs/benchmarks.md, Drift power",
+        train_samples=64, points=3),
 ))
 
 _IMAGE_PACKAGES = ("numpy", "PIL")

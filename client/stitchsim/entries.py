@@ -226,16 +226,15 @@ class ResolutionEntry(Entry):
 
 @dataclass(frozen=True)
 class BudgetEntry(Entry):
-    train: tuple[tuple[str, object], ...] = ()
-    """The train settings it stands for (field, value); a field the spec sets wins over it."""
+    train_samples: int | None = None
+    """Training samples (for the stitch and its IRIs) where the spec sets none: at least this
+    many, more where a stitch point needs them to fit its unknowns (the engine resolves it at
+    the job's points); None: the spec's."""
     points: int | None = None
-    """At most this many stitch points: the first and the last of the spec's list (or of the
-    points `layers: "auto"` picks), evenly spaced ones between; None: all of them."""
+    """At most this many of the points `layers: "auto"` picks: the first and the last, evenly
+    spaced ones between; None: all of them. A listed `layers` is kept as it is: its mean is
+    the figure a gate compares, and a thinned list would compare another one."""
     default: bool = False
-
-    @property
-    def train_settings(self) -> dict[str, object]:
-        return dict(self.train)
 
 
 @dataclass(frozen=True)

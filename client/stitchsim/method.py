@@ -17,9 +17,11 @@ from stitchsim import catalogue
 from stitchsim.models import MethodRecord, Spec
 
 ABSENT = "(not recorded)"
-RESOLVED_AT_RUN = ("iri.step_size", "adversarial.epsilon", "adversarial.step_size")
-"""Settings a spec may leave null, to the input resolution (Spec.at): the engine records the
-value that ran, which the client knows only once the job has read its data."""
+RESOLVED_AT_RUN = ("iri.step_size", "adversarial.epsilon", "adversarial.step_size",
+                   "train.max_train_samples")
+"""Settings a spec may leave null, to the input resolution (Spec.at) or to its budget (the ci
+budget's training samples, set at the job's stitch points): the engine records the value that
+ran, which the client knows only once the job has read its data and built its models."""
 
 
 def method_settings(spec: Spec) -> dict[str, Any]:

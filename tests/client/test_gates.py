@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from stitchsim import catalogue
 from stitchsim.cli import main
 from stitchsim.errors import UsageError
 from stitchsim.gates import (
@@ -23,7 +24,7 @@ from stitchsim.gates import (
     similarity_spread,
 )
 from stitchsim.markdown import MARKER, outcome_markdown
-from stitchsim.method import method_settings
+from stitchsim.method import method_settings, planned_differences
 from stitchsim.models import Figure, IRIStats, MethodRecord, Report, ResultRow, Spec
 from stitchsim.models.spec import thin_points
 from stitchsim.sdk import file_sha256
@@ -295,14 +296,22 @@ def test_check_max_drop_auto_through_the_cli(
     assert "expected a number or 'auto', got 'some'" in capsys.readouterr().err
 
 
-def test_the_ci_budget_takes_fewer_samples_and_points_and_the_spec_wins() -> None:
+def test_the_ci_budget_keeps_a_listed_layers_and_leaves_the_samples_to_the_engine() -> None:
     layers = [{"front": p, "back": p} for p in ("act1", "layer1", "layer2", "layer3")]
     ci = Spec.model_validate(spec(budget="ci", layers=layers))
-    assert [p.front for p in ci.layers] == ["act1", "layer3"]  # the first and the last
-    assert (ci.train.max_train_samples, ci.train.max_test_samples) == (64, 200)
+    # A listed `layers` is the user's: the gate's figure is its mean, so all of it is kept.
+    assert [p.front for p in ci.layers] == ["act1", "layer1", "layer2", "layer3"]
+    # The training samples are resolved at the job's points (tests/engine/test_budget.py).
+    assert (ci.train.max_train_samples, ci.train.max_test_samples) == (None, None)
+    assert catalogue.BUDGETS["ci"].train_samples == 64
     assert method_settings(ci)["budget"] == "ci"
-    mine = Spec.model_validate(spec(budget="ci", train={"max_test_samples": 500}))
-    assert (mine.train.max_train_samples, mine.train.max_test_samples) == (64, 500)
+    # A ci baseline records the samples it ran (81 here); a ci check planned with none set
+    # compares once it has run, and one that sets its own is refused before it runs.
+    ran = {**method_settings(ci), "train.max_train_samples": 81}
+    assert planned_differences(ran, method_settings(ci)) == []
+    own = Spec.model_validate(spec(budget="ci", layers=layers, train={"max_train_samples": 64}))
+    assert planned_differences(ran, method_settings(own)) == [
+        "train.max_train_samples: baseline 81, this check 64"]
     full = Spec.model_validate(spec(layers=layers))
     assert len(full.layers) == 4 and full.train.max_train_samples is None
     # Off the default only: a baseline made before budgets existed still compares.

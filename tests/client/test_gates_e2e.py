@@ -235,7 +235,10 @@ def test_max_drop_auto_gates_the_invariance_aware_figure_under_the_default_metho
     assert report.summary.similarity_protocol == "invariance_aware"
     assert report.spec.iri.method == "paper" and report.spec.iri.overrides() == {}
     assert report.method is not None and report.method.settings["budget"] == "ci"
-    assert report.spec.train.max_train_samples == 64
+    # The spec as sent leaves the samples to the budget; what ran is in the method record.
+    assert report.spec.train.max_train_samples is None
+    assert report.method.settings["train.max_train_samples"] == 64
+    assert "budget ci: 64 training samples for the stitch and its IRIs" in report.notes
     iris = [r.iri for r in report.results if r.protocol == "invariance_aware"]
     # The paper's 200 steps, then rounds of 100 more while unconverged, 1,200 at most.
     assert [i.steps if i else None for i in iris] == [report.spec.iri.max_steps] == [1200]

@@ -497,27 +497,6 @@ class Spec(_Strict):
     threshold: float | None = Field(default=None, ge=0, le=1)
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _budget_preset(cls, data: Any) -> Any:
-        """The budget's train settings under the fields the spec sets, and its stitch points
-        out of a listed `layers` (an `auto` list is thinned where the engine resolves it).
-        An unknown budget is left to the field's own check."""
-        if not isinstance(data, dict):
-            return data
-        name = data.get("budget", "full")
-        entry = catalogue.BUDGETS.get(name) if isinstance(name, str) else None
-        if entry is None:
-            return data
-        out = dict(data)
-        train = data.get("train", {})
-        if isinstance(train, dict) and entry.train:
-            out["train"] = {**entry.train_settings, **train}
-        layers = data.get("layers")
-        if isinstance(layers, list) and entry.points is not None:
-            out["layers"] = thin_points(layers, entry.points)
-        return out
-
     @field_validator("class_pairing")
     @classmethod
     def _a_permutation(cls, v: list[int] | None) -> list[int] | None:

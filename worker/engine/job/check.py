@@ -24,6 +24,8 @@ from stitchsim_worker.engine.core.step import Pair, Step, total
 from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
 from stitchsim_worker.engine.job.plan import job_plan, job_steps
 from stitchsim_worker.engine.job.prepare import (
+    budget_floor,
+    budget_samples,
     check_all,
     check_classes,
     pair_points_of,
@@ -76,9 +78,29 @@ def _network(spec: Spec, where: str, resources: Resources, data: Dataset) -> Net
     return Network(model, data.image_size, META, where)
 
 
+def with_budget_samples(spec: Spec, resources: Resources) -> Spec:
+    """The spec with the training samples its budget stands for at the job's stitch points
+    (prepare.budget_samples), as the job runs and the check prices it; the spec itself where
+    it sets them or its budget does not. The models are built on the meta device for their
+    points' shapes."""
+    if budget_floor(spec) is None:
+        return spec
+    data = load_dataset(spec.dataset, resources, spec.train)
+    front_data = (load_dataset(spec.front_dataset, resources, spec.train)
+                  if spec.front_dataset is not None else None)
+    front = _network(spec, "front", resources, front_data or data)
+    back = _network(spec, "back", resources, data)
+    n = budget_samples(spec, front, back, pair_points_of(spec, front, back))
+    if n is None:
+        return spec
+    return spec.model_copy(update={"train": spec.train.model_copy(
+        update={"max_train_samples": n})})
+
+
 def check_spec(spec: Spec, *, resources: Resources) -> Checked:
     """Raises a Failure with what to fix; returns the job's cost when it can be prepared."""
     pick_device(spec.device)  # checks workers run beside the job workers, on hosts alike
+    spec = with_budget_samples(spec, resources)
     data = load_dataset(spec.dataset, resources, spec.train)
     front_data = None
     if spec.front_dataset is not None:  # cross-task pairing: the front model's own task

@@ -19,6 +19,7 @@ from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
 from stitchsim_worker.engine.models.loading import LoadedModel, build_model
 from stitchsim_worker.engine.models.network import Network, pair_points
 from stitchsim_worker.engine.models.preprocess import MEASURE_SAMPLES, measure
+from stitchsim_worker.engine.stitching.layer import samples_needed
 
 
 @dataclass
@@ -214,6 +215,29 @@ def pair_points_of(spec: Spec, front: Network, back: Network) -> list[tuple[str,
         front.check_point(pair.front)
         back.check_point(pair.back)
     return [(p.front, p.back) for p in spec.layers]
+
+
+def budget_floor(spec: Spec) -> int | None:
+    """The training samples the spec's budget starts from; None where the spec sets them."""
+    if spec.train.max_train_samples is not None:
+        return None
+    return catalogue.BUDGETS[spec.budget].train_samples
+
+
+def budget_samples(spec: Spec, front: Network, back: Network,
+                   pairs: list[tuple[str, str]]) -> int | None:
+    """The training samples the spec's budget stands for at these stitch points: its floor,
+    raised to what the hungriest stitch needs (stitching.layer.samples_needed), in every
+    direction the spec stitches; None where the spec sets them itself or the budget does not."""
+    floor = budget_floor(spec)
+    if floor is None:
+        return None
+    ends = {"front_to_back": (front, back), "back_to_front": (back, front)}
+    needs = [samples_needed(f.rep(i), g.rep(j))
+             for d in spec.direction_list()
+             for f, g in [ends[d]]
+             for i, j in (pairs if d == "front_to_back" else [(b, a) for a, b in pairs])]
+    return max([floor, *needs])
 
 
 def prepare(

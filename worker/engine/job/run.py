@@ -32,9 +32,10 @@ from stitchsim_worker.engine.core.method import method_record
 from stitchsim_worker.engine.core.progress import Tracker
 from stitchsim_worker.engine.core.resources import CancelFn, ProgressFn, Resources
 from stitchsim_worker.engine.core.step import JobRun, run_steps
+from stitchsim_worker.engine.job.check import with_budget_samples
 from stitchsim_worker.engine.job.measuring import MeasureRun
 from stitchsim_worker.engine.job.plan import job_plan, prepared_steps
-from stitchsim_worker.engine.job.prepare import Prepared, prepare
+from stitchsim_worker.engine.job.prepare import Prepared, budget_floor, prepare
 from stitchsim_worker.engine.job.unstitched import unstitched_rows
 from stitchsim_worker.engine.measures.metrics import accuracy_with_ci, near_chance
 from stitchsim_worker.engine.measures.summary import (
@@ -45,6 +46,7 @@ from stitchsim_worker.engine.measures.summary import (
     withheld,
 )
 from stitchsim_worker.engine.models.network import Network
+from stitchsim_worker.engine.stitching.layer import MIN_VECTORS_PER_UNKNOWN
 
 log = logging.getLogger("stitchsim.engine")
 
@@ -66,10 +68,12 @@ def run_job(
         if device.type == "cuda":
             # A worker runs many jobs: the peak in the report must be this job's own.
             torch.cuda.reset_peak_memory_stats(device)
-        prep = prepare(spec, resources, device, tracker.should_cancel)
-        # What runs: the step sizes the spec leaves unset, from its inputs' resolution. The
+        # What runs: the training samples the spec's budget stands for at its points, ...
+        budgeted = with_budget_samples(spec, resources)
+        prep = prepare(budgeted, resources, device, tracker.should_cancel)
+        # ... and the step sizes the spec leaves unset, from its inputs' resolution. The
         # report keeps the spec as submitted and records these beside it.
-        ran_spec = spec.at(prep.resolution)
+        ran_spec = budgeted.at(prep.resolution)
         steps = prepared_steps(ran_spec, prep)
         tracker.plan(job_plan(ran_spec, steps))
         job = JobRun(JobContext.new(ran_spec, prep, resources, tracker, device), MeasureRun())
@@ -205,6 +209,20 @@ def _attacked(spec: Spec) -> bool:
 
 
 def _notes(spec: Spec, prep: Prepared, ran: Ran) -> list[str]:
+    return [*_budget_note(spec, ran.submitted), *_cross_task_notes(spec, prep, ran)]
+
+
+def _budget_note(spec: Spec, submitted: Spec) -> list[str]:
+    """The training samples a budget resolved at the job's points (check.with_budget_samples)."""
+    n, floor = spec.train.max_train_samples, budget_floor(submitted)
+    if floor is None or n is None:
+        return []
+    why = ("" if n == floor else f", more than its {floor} so that every stitch fits its "
+           f"unknowns from at least {MIN_VECTORS_PER_UNKNOWN} activation vectors each")
+    return [f"budget {spec.budget}: {n} training samples for the stitch and its IRIs{why}"]
+
+
+def _cross_task_notes(spec: Spec, prep: Prepared, ran: Ran) -> list[str]:
     if prep.front_data is None:
         return []
     pairing = "by index" if spec.class_pairing is None else f"as given ({spec.class_pairing})"

@@ -23,7 +23,13 @@ from stitchsim_worker.engine.models.cutting import BackPart
 from stitchsim_worker.engine.protocols import PROTOCOL_IMPLS, stitched
 from stitchsim_worker.engine.stitching.activations import InputSet, Split
 from stitchsim_worker.engine.stitching.grids import image_grid
-from stitchsim_worker.engine.stitching.layer import StitchLayer
+from stitchsim_worker.engine.stitching.layer import (
+    MIN_VECTORS_PER_UNKNOWN,
+    StitchLayer,
+    samples_needed,
+    unknowns_per_output,
+    vectors_of,
+)
 from stitchsim_worker.engine.stitching.objectives import OBJECTIVE_IMPLS
 from stitchsim_worker.engine.stitching.train import Augment, FitTask, stitched_logits
 
@@ -92,6 +98,8 @@ def fit_seed(spec: Spec, objective: Objective, n_train: int, tests: Sequence[int
         settings = ctx.spec.train
         ctx.tracker.focus(objective=fitting.objective)
         stitch = StitchLayer(cut.f.rep(cut.i), cut.g.rep(cut.j)).to(ctx.device)
+        if s == 0:
+            _warn_if_few_vectors(ctx, cut, stitch, len(train))
         task = FitTask(stitch, fitting.back, train, settings, settings.seed + s, ctx.device,
                        ctx.tracker.counter("train"), ctx.tracker.should_cancel, augment,
                        output=cut.g.output)
@@ -103,6 +111,22 @@ def fit_seed(spec: Spec, objective: Objective, n_train: int, tests: Sequence[int
         ctx.tracker.focus(objective=None)
 
     return Work(units, run)
+
+
+def _warn_if_few_vectors(ctx: JobContext, cut: Cut, stitch: StitchLayer, n: int) -> None:
+    """A stitch fitted from too few activation vectors per unknown, named with the training
+    samples that would be enough (a spec's own max_train_samples wins over the ci budget's)."""
+    vectors, unknowns = vectors_of(stitch.dst, n), unknowns_per_output(stitch.src)
+    if vectors >= MIN_VECTORS_PER_UNKNOWN * unknowns:
+        return
+    warning = (
+        f"the stitch at {cut.f.where} {cut.i} -> {cut.g.where} {cut.j} fits {unknowns} "
+        f"unknowns per output channel from {vectors} activation vectors ({n} samples, "
+        f"{vectors / unknowns:.1f} per unknown, under {MIN_VECTORS_PER_UNKNOWN}): its figures "
+        f"there are likely low for want of samples; set train.max_train_samples to "
+        f"{samples_needed(stitch.src, stitch.dst)} or more")
+    if warning not in ctx.warnings:
+        ctx.warnings.append(warning)
 
 
 def robust_stats(spec: Spec, n_test: int) -> Work[RobustFn]:

@@ -9,6 +9,8 @@ a token-wise linear layer for tokens, a linear layer for vectors.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from stitchsim_worker.engine.models.rep import Rep
@@ -33,6 +35,30 @@ def from_canonical(prefix: torch.Tensor | None, grid: torch.Tensor, rep: Rep) ->
         return grid[:, :, 0, 0]
     tokens = grid.flatten(2).transpose(1, 2)
     return torch.cat([prefix, tokens], dim=1) if prefix is not None else tokens
+
+
+MIN_VECTORS_PER_UNKNOWN = 10
+"""Below this many activation vectors per unknown a stitch overfits its training inputs and its
+agreement on the test split sits low for want of samples, not of similarity: on the drift
+series (docs/benchmarks.md, Drift power) a ConvNeXt's 2x2 last stage fitted at 5 per unknown
+(64 samples) came out 0.05 under the same stitch at 10 (128 samples), more than the spread of
+benign retrains there. Ten observations per parameter is the usual rule for a regression."""
+
+
+def unknowns_per_output(src: Rep) -> int:
+    """Unknowns of each output channel's affine map: a weight per source channel, a bias."""
+    return src.channels + 1
+
+
+def vectors_of(dst: Rep, n: int) -> int:
+    """Activation vectors n samples give the affine map to fit: one per target position."""
+    h, w = dst.grid
+    return n * (h * w + dst.prefix)
+
+
+def samples_needed(src: Rep, dst: Rep) -> int:
+    """Samples that give a stitch src -> dst MIN_VECTORS_PER_UNKNOWN vectors per unknown."""
+    return math.ceil(MIN_VECTORS_PER_UNKNOWN * unknowns_per_output(src) / vectors_of(dst, 1))
 
 
 class StitchLayer(nn.Module):
