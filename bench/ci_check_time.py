@@ -53,7 +53,9 @@ def timed_check(spec: Any, cache: Path) -> dict[str, Any]:
             "engine_s": env["seconds"], "parts": by_part(env["stage_seconds"]),
             "reference_cache": env.get("reference_cache"),
             "points": [p.front for p in spec.layers],
-            "samples": [spec.train.max_train_samples, spec.train.max_test_samples],
+            # What ran: the ci budget resolves the training samples at the job's points.
+            "samples": [report.method.settings.get("train.max_train_samples")
+                        if report.method else None, spec.train.max_test_samples],
             "iri_median": sorted({round(r.median, 3) for r in iri}),
             "iri_steps_used": sorted({round(r.steps_used or r.steps) for r in iri}),
             "iri_converged": all(r.converged for r in iri),

@@ -30,8 +30,12 @@ alarms). Detection rate per dose = share of its reruns that fail.
     python bench/drift_power.py --out /tmp/drift --reruns 1 --families resnet   # reduced
     python bench/drift_power.py --out /tmp/drift --reruns 5                      # full
     python bench/drift_power.py --out /tmp/drift --budget ci                     # ci preset
-    python bench/drift_power.py --out /tmp/drift --families resnet --reseeds 3 --reruns 3 \
+    python bench/drift_power.py --out /tmp/drift --families resnet --reruns 2 \
         --per-point --budget ci --agree-with full.json   # ci's decisions against the full's
+
+Under --budget ci the spec keeps its test samples and points and leaves the training samples
+to the preset (64, raised where a stitch needs more); --ci-train-samples sets them instead, as
+a user following a report's too-few-vectors warning would.
 
 --marker-doses / --noise-doses / --prune-doses set the series; --per-point adds each point's
 figures and a per-point gate (the stem is where the demo's shortcut shows).

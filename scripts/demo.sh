@@ -7,9 +7,9 @@
 #   2. a model that learnt a pixel shortcut: similar to the reference under the standard
 #      protocol, exposed by the invariance-aware one (exit 1).
 # The threshold 0.35 is this recipe's, measured under the default IRI method: between the
-# shortcut model (0.25) and the benign retrains (another seed, an epoch more, another batch
-# order: 0.57-0.73, and 0.43-0.65 in an earlier series; bench/drift_power.py). Pick yours the
-# same way (docs/client.md, "Choosing --max-drop").
+# shortcut model (0.25-0.33 over three trainings) and the benign retrains (another seed, an
+# epoch more, another batch order: 0.41-0.63 and 0.57-0.73 in two series;
+# bench/drift_power.py). Pick yours the same way (docs/client.md, "Choosing --max-drop").
 # The report pages are written to files (--html), so they stay readable after the service
 # stops. About half an hour on two busy cores from a clean clone, install included (models and
 # IRIs are cached in $demo).
