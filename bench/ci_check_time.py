@@ -4,7 +4,8 @@ default IRI method with `budget: "ci"`, into a fresh cache folder: first the ref
 retrained model (the reference cache cold: its IRIs, tensors and logits are made), then the
 reference vs the shortcut model (warm: read back). Goal: at most 2 minutes a check.
 
-    OMP_NUM_THREADS=1 python bench/ci_check_time.py --models .stitchsim/demo/models
+    python bench/ci_check_time.py --models .stitchsim/demo/models   # torch's threads, as a worker
+    OMP_NUM_THREADS=1 python bench/ci_check_time.py --models .stitchsim/demo/models --budget full
 
 Prints, per check, wall and process CPU seconds (the machine may be shared: CPU seconds are
 what the check itself took), the engine's seconds by part, the reference cache's hits, the
