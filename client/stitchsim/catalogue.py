@@ -328,11 +328,11 @@ BUDGETS: Kind[BudgetEntry] = Kind("budget", (
         "ci", "CI", "the default method on fewer samples and points, for a gate run on every "
         "pull request: 64 training samples for the stitch and its IRIs (the IRIs are most of "
         "a check's cost), or as many as the hungriest stitch point needs for 10 activation "
-        "vectors per unknown of its affine map; at most 3 of the points `layers: auto` picks "
-        "(the first, the middle and the last). The test samples and a listed `layers` are "
+        "vectors per unknown of its affine map; at most 2 of the points `layers: auto` picks "
+        "(the first and the last). The test samples and a listed `layers` are "
         "the spec's, and fields the spec sets win. Its decisions against the full budget's "
         "on the drift series: docs/benchmarks.md, Drift power",
-        train_samples=64, points=3),
+        train_samples=64, points=2),
 ))
 
 _IMAGE_PACKAGES = ("numpy", "PIL")

@@ -1,5 +1,5 @@
-"""The `ci` budget (issue 37): a spec naming it stitches at most 3 of the points `layers:
-auto` picks (the first, the middle and the last; a listed `layers` is kept: test_gates), on 64
+"""The `ci` budget (issue 37): a spec naming it stitches at most 2 of the points `layers:
+auto` picks (the first and the last; a listed `layers` is kept: test_gates), on 64
 training samples, or on as many as its hungriest stitch point needs for 10 activation vectors
 per unknown (stitching.layer.samples_needed), resolved at the job's points for the check's
 price and the run alike."""
@@ -22,14 +22,14 @@ REF = {"checkpoint": "sha256:" + "a" * 64}
 CONVNEXT, KWARGS = "test_convnext", {"num_classes": 10}
 
 
-def test_the_ci_budget_keeps_the_first_middle_and_last_auto_point() -> None:
+def test_the_ci_budget_keeps_the_first_and_last_auto_point() -> None:
     model = random_model("test_resnet", {"num_classes": 10}, 32)
     net = Network(model, model.preprocess.input_size, torch.device("cpu"), "arch")
     full = pair_points_of(Spec.model_validate({"front": REF, "back": REF}), net, net)
     assert len(full) == 4  # layer1 .. layer4
     ci = pair_points_of(Spec.model_validate({"front": REF, "back": REF, "budget": "ci"}),
                         net, net)
-    assert ci == [full[0], full[2], full[-1]]  # thin_points: round(1.5) is 2
+    assert ci == [full[0], full[-1]]
 
 
 def _spec(ckpt: Path, points: list[str], **fields: Any) -> Spec:

@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--directions", choices=["front_to_back", "back_to_front", "both"])
     s.add_argument("--budget", choices=list(catalogue.BUDGETS.names),
                    help="a preset of samples and stitch points (full: the spec's; ci: 64 "
-                   "training samples, more where a stitch needs them, and at most 3 of the "
+                   "training samples, more where a stitch needs them, and at most 2 of the "
                    "auto points, for a gate on every pull request)")
     s.add_argument("--arch", help="architecture of both models (else from the files): a timm "
                    "name, or SOURCE:NAME such as torchvision:resnet50")
