@@ -64,3 +64,19 @@ def test_ci_takes_64_samples_or_what_its_hungriest_stitch_needs(tmp_path: Path) 
     floor = check_spec(_spec(ckpt, ["stages.2"], budget="ci", train={"max_train_samples": 64}),
                        resources=res)
     assert ci.units == own.units > floor.units
+
+
+def test_ci_takes_at_most_the_training_split_and_names_what_ran(tmp_path: Path) -> None:
+    # A torchvision resnet18 on 32 px digits: layer4 is 512 channels on 1x1, so 10 vectors
+    # per unknown would need 5,130 samples; the split has fewer, and the spec says so.
+    import torchvision
+    from stitchsim_worker.engine.data.datasets import load_dataset
+
+    ckpt = tmp_path / "resnet18.safetensors"
+    save_checkpoint(torchvision.models.resnet18(weights=None, num_classes=10), ckpt,
+                    "torchvision:resnet18", {"num_classes": 10})
+    res = Resources(cache_dir=tmp_path / "cache")
+    spec = _spec(ckpt, ["layer1", "layer4"], budget="ci")
+    split = len(load_dataset("digits", res, spec.train).train)
+    assert 64 < split < 5130
+    assert with_budget_samples(spec, res).train.max_train_samples == split

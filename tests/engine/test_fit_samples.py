@@ -38,7 +38,7 @@ def test_a_stitch_with_too_few_vectors_per_unknown_is_named_with_the_samples_it_
     (few,) = _job(ckpt, tmp_path / "cache", "stages.2", 64)
     assert "stages.2" in few and "49 unknowns per output channel from 256 activation " \
         "vectors (64 samples, 5.2 per unknown" in few
-    assert "set train.max_train_samples to 123 or more" in few
+    assert "it needs 123 training samples (train.max_train_samples" in few
     assert _job(ckpt, tmp_path / "cache", "stages.2", 123) == []
     # stages.0: 24 channels on 8x8, 64 samples give 4,096 vectors for 25 unknowns.
     assert _job(ckpt, tmp_path / "cache", "stages.0", 64) == []
@@ -57,5 +57,5 @@ def test_the_ci_budget_fits_every_stitch_from_enough_vectors_and_says_so(
     assert report.spec.train.max_train_samples is None  # the report keeps the spec as sent
     assert report.dataset["n_train"] == 123
     assert ("budget ci: 123 training samples for the stitch and its IRIs, more than its 64 so "
-            "that every stitch fits its unknowns from at least 10 activation vectors each"
-            ) in report.notes
+            "that every stitch fits its unknowns from at least 10 activation vectors each, as "
+            "far as the training split allows") in report.notes

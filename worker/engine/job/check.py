@@ -78,6 +78,32 @@ def _network(spec: Spec, where: str, resources: Resources, data: Dataset) -> Net
     return Network(model, data.image_size, META, where)
 
 
+def _datasets(spec: Spec, resources: Resources) -> tuple[Dataset, Dataset | None]:
+    """The comparison's dataset and, in cross-task pairing, the front model's own task."""
+    data = load_dataset(spec.dataset, resources, spec.train)
+    if spec.front_dataset is None:
+        return data, None
+    return data, load_dataset(spec.front_dataset, resources, spec.train)
+
+
+def _networks(spec: Spec, resources: Resources, data: Dataset, front_data: Dataset | None
+              ) -> tuple[Network, Network]:
+    return (_network(spec, "front", resources, front_data or data),
+            _network(spec, "back", resources, data))
+
+
+def _at_budget(spec: Spec, front: Network, back: Network, data: Dataset) -> Spec:
+    """`data` is loaded with the spec's own train settings: under a budget floor, every sample;
+    the count is capped at what its training split holds, so reports name what ran."""
+    if budget_floor(spec) is None:
+        return spec
+    n = budget_samples(spec, front, back, pair_points_of(spec, front, back))
+    if n is None:
+        return spec
+    return spec.model_copy(update={"train": spec.train.model_copy(
+        update={"max_train_samples": min(n, len(data.train))})})
+
+
 def with_budget_samples(spec: Spec, resources: Resources) -> Spec:
     """The spec with the training samples its budget stands for at the job's stitch points
     (prepare.budget_samples), as the job runs and the check prices it; the spec itself where
@@ -85,28 +111,19 @@ def with_budget_samples(spec: Spec, resources: Resources) -> Spec:
     points' shapes."""
     if budget_floor(spec) is None:
         return spec
-    data = load_dataset(spec.dataset, resources, spec.train)
-    front_data = (load_dataset(spec.front_dataset, resources, spec.train)
-                  if spec.front_dataset is not None else None)
-    front = _network(spec, "front", resources, front_data or data)
-    back = _network(spec, "back", resources, data)
-    n = budget_samples(spec, front, back, pair_points_of(spec, front, back))
-    if n is None:
-        return spec
-    return spec.model_copy(update={"train": spec.train.model_copy(
-        update={"max_train_samples": n})})
+    data, front_data = _datasets(spec, resources)
+    return _at_budget(spec, *_networks(spec, resources, data, front_data), data)
 
 
 def check_spec(spec: Spec, *, resources: Resources) -> Checked:
     """Raises a Failure with what to fix; returns the job's cost when it can be prepared."""
     pick_device(spec.device)  # checks workers run beside the job workers, on hosts alike
-    spec = with_budget_samples(spec, resources)
-    data = load_dataset(spec.dataset, resources, spec.train)
-    front_data = None
-    if spec.front_dataset is not None:  # cross-task pairing: the front model's own task
-        front_data = load_dataset(spec.front_dataset, resources, spec.train)
-    front = _network(spec, "front", resources, front_data or data)
-    back = _network(spec, "back", resources, data)
+    data, front_data = _datasets(spec, resources)
+    front, back = _networks(spec, resources, data, front_data)
+    budgeted = _at_budget(spec, front, back, data)
+    if budgeted is not spec:  # the budget's training samples: the splits' lengths change
+        spec = budgeted
+        data, front_data = _datasets(spec, resources)
     check_all(spec, data, front_data, {"front": front.model.output, "back": back.model.output})
     _check_activations(spec, (front, back), resources.max_activation_bytes)
     pairs = pair_points_of(spec, front, back)

@@ -218,7 +218,8 @@ def _budget_note(spec: Spec, submitted: Spec) -> list[str]:
     if floor is None or n is None:
         return []
     why = ("" if n == floor else f", more than its {floor} so that every stitch fits its "
-           f"unknowns from at least {MIN_VECTORS_PER_UNKNOWN} activation vectors each")
+           f"unknowns from at least {MIN_VECTORS_PER_UNKNOWN} activation vectors each, as far "
+           "as the training split allows")
     return [f"budget {spec.budget}: {n} training samples for the stitch and its IRIs{why}"]
 
 

@@ -123,8 +123,9 @@ def _warn_if_few_vectors(ctx: JobContext, cut: Cut, stitch: StitchLayer, n: int)
         f"the stitch at {cut.f.where} {cut.i} -> {cut.g.where} {cut.j} fits {unknowns} "
         f"unknowns per output channel from {vectors} activation vectors ({n} samples, "
         f"{vectors / unknowns:.1f} per unknown, under {MIN_VECTORS_PER_UNKNOWN}): its figures "
-        f"there are likely low for want of samples; set train.max_train_samples to "
-        f"{samples_needed(stitch.src, stitch.dst)} or more")
+        f"there are likely low for want of samples: it needs "
+        f"{samples_needed(stitch.src, stitch.dst)} training samples (train.max_train_samples, "
+        "and a dataset that has them)")
     if warning not in ctx.warnings:
         ctx.warnings.append(warning)
 
