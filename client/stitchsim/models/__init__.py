@@ -40,7 +40,7 @@ from stitchsim.models.resources import (
     StoredObject,
     Usage,
 )
-from stitchsim.models.spec import (
+from stitchsim.models.settings import (
     MAX_IRI_STEPS,
     AdversarialSettings,
     ControlSettings,
@@ -48,12 +48,14 @@ from stitchsim.models.spec import (
     FulaSettings,
     IRISchedule,
     IRISettings,
+    MeasureSettings,
+    TrainSettings,
+)
+from stitchsim.models.spec import (
     LayerPair,
     LocalPath,
-    MeasureSettings,
     ModelRef,
     Spec,
-    TrainSettings,
 )
 from stitchsim.models.vocabulary import (
     ACTIVE_STATES,

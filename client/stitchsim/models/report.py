@@ -9,11 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, computed_field, model_validator
 
 from stitchsim import catalogue
-from stitchsim.models.spec import (
-    AdversarialSettings,
-    IRISettings,
-    Spec,
-)
+from stitchsim.models.settings import AdversarialSettings, IRISettings
+from stitchsim.models.spec import Spec
 from stitchsim.models.vocabulary import (
     Attack,
     CaveatCode,
