@@ -128,6 +128,8 @@ _ENTRIES = _GENERIC + (
        "the message names the pip command"),
     _c("baseline_refused", None, True, False, "the baseline does not compare with this check "
        "(other settings, model or dataset), or its file was edited"),
+    _c("gate_refused", None, True, False, "the calibrated gate file was edited, or was "
+       "calibrated for another reference, dataset, spec or method than this check's"),
     _c("connection_failed", None, False, True, "the service could not be reached, after "
        "retries"),
     _c("upload_mismatch", None, False, True, "the service stored an upload under another "

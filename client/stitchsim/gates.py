@@ -37,6 +37,15 @@ AUTO_K = 3.0
 bench/drift_power.py (docs/client.md, "choosing --max-drop"): the largest benign drop (reseeds,
 one more epoch, another batch order, reruns) measured against the baseline's spread."""
 
+AUTO_FALSE_ALARMS = 15 / 56
+AUTO_FALSE_ALARMS_SOURCE = ("15 of 56 benign pairs, an estimate from the files "
+                            "bench/results/drift_power.2026-12-07.*: each benign retrain in "
+                            "turn as the baseline, not yet measured on held-out models")
+"""How often `auto` fails a benign retrain when the baseline is another benign retrain: the
+bootstrap half-width measures test-sample noise, not seed-to-seed spread. Shown in `check
+--help`; above AUTO_HINT_ABOVE a check with auto suggests a calibrated gate."""
+AUTO_HINT_ABOVE = 0.05
+
 
 class BaselineRefused(UsageError):
     """The baseline was made under other settings, or of another model or dataset, or its

@@ -7,7 +7,7 @@ import time
 from typing import Any, TextIO
 
 from stitchsim import view
-from stitchsim.cli import baseline as baselines
+from stitchsim.cli import baseline as baselines, gate as calibrated
 from stitchsim.cli.dataset import pack_options
 from stitchsim.cli.exits import (
     EXIT_BELOW_THRESHOLD,
@@ -27,7 +27,15 @@ from stitchsim.errors import (
     StitchsimError,
     UsageError,
 )
-from stitchsim.gates import GateOptions, Outcome, evaluate
+from stitchsim.gates import (
+    AUTO,
+    AUTO_FALSE_ALARMS,
+    AUTO_FALSE_ALARMS_SOURCE,
+    AUTO_HINT_ABOVE,
+    GateOptions,
+    Outcome,
+    evaluate,
+)
 from stitchsim.junit import error_to_junit, report_to_junit
 from stitchsim.markdown import error_markdown, outcome_markdown
 from stitchsim.models import Report
@@ -44,9 +52,17 @@ def gate_options(args: argparse.Namespace) -> GateOptions:
     )
 
 
-def _asks_for_a_gate(options: GateOptions) -> bool:
+def _asks_for_a_gate(options: GateOptions, args: argparse.Namespace) -> bool:
     return options.needs_baseline or options.min_point_agreement is not None or (
-        options.warn_below is not None)
+        options.warn_below is not None) or bool(args.gate)
+
+
+def _auto_hint(options: GateOptions) -> None:
+    if options.max_drop == AUTO and AUTO_FALSE_ALARMS > AUTO_HINT_ABOVE:
+        log.warning("hint: --max-drop auto fails about %d%% of benign retrains (%s); calibrate "
+                    "a gate on your own retrains instead: stitchsim calibrate REF B1 B2 ... -o "
+                    "gate.json, then check --gate gate.json", round(AUTO_FALSE_ALARMS * 100),
+                    AUTO_FALSE_ALARMS_SOURCE.split(":")[0])
 
 
 def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
@@ -55,20 +71,24 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         settings = settings_from(args)
         fields = spec_fields(args, settings)
         options = gate_options(args)
-        if fields.get("threshold") is None and not _asks_for_a_gate(options):
+        if fields.get("threshold") is None and not _asks_for_a_gate(options, args):
             raise UsageError(
                 "check needs a threshold (--threshold, $STITCHSIM_THRESHOLD, or threshold in "
-                "the config file or the spec) or a gate (--max-drop, --warn-below ...)"
+                "the config file or the spec) or a gate (--gate, --max-drop, --warn-below ...)"
             )
         if options.needs_baseline and not args.baseline:
             raise UsageError("--max-drop, --max-relative-drop and --max-drop-per-point need "
                              "--baseline (a report file, a job id, or self)")
+        gate = calibrated.load(args.gate, args.reference, fields) if args.gate else None
+        _auto_hint(options)
         log.info("checking %s against reference %s on %s (threshold %s)", args.candidate,
                  args.reference, settings.url, fields.get("threshold"))
         with client_for(settings) as client:
             report, base, url = _run(client, args, settings, fields)
             outcome = evaluate(report, base and base.report, options,
                                baseline_source=base and base.source)
+            if gate is not None:
+                outcome = calibrated.apply(outcome, report, gate, args.gate)
     except StitchsimError as exc:
         _write_error(args, exc, time.monotonic() - started)
         raise

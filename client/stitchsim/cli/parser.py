@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from stitchsim import __version__, catalogue
-from stitchsim.cli import dataset, points
+from stitchsim.cli import calibrate, dataset, points
 from stitchsim.cli.check import cmd_check
 from stitchsim.cli.jobs import (
     cmd_compare,
@@ -15,7 +15,7 @@ from stitchsim.cli.jobs import (
     cmd_jobs_wait,
     cmd_report,
 )
-from stitchsim.gates import AUTO, AUTO_K
+from stitchsim.gates import AUTO, AUTO_FALSE_ALARMS, AUTO_FALSE_ALARMS_SOURCE, AUTO_K
 
 
 def _escaped(text: str) -> str:
@@ -42,10 +42,18 @@ def _gate_arguments(p: argparse.ArgumentParser) -> None:
         "when made of another reference or dataset, or under other settings")
     g.add_argument("--recompute-baseline", action="store_true",
                    help="redo a baseline made under other settings under this check's")
+    g.add_argument(
+        "--gate", metavar="FILE",
+        help="a gate file of `stitchsim calibrate`: fail when any gated figure (agreement per "
+        "point, accuracy ...) crosses its limit, the benign band of your own retrains. "
+        "Refused when calibrated for another reference, dataset, spec or method")
     g.add_argument("--max-drop", type=_drop, metavar="X|auto",
                    help="fail when the similarity is more than X below the baseline's; "
-                   f"auto: more than {AUTO_K:g} x the baseline's own 95%% interval half-width "
-                   "(docs/client.md, choosing --max-drop)")
+                   f"auto: more than {AUTO_K:g} x the baseline's own 95%% interval "
+                   f"half-width, which false-alarms on about {round(AUTO_FALSE_ALARMS * 100)}%% "
+                   "of benign retrains "
+                   f"({_escaped(AUTO_FALSE_ALARMS_SOURCE)}): prefer --gate "
+                   "(docs/client.md, choosing a gate)")
     g.add_argument("--max-relative-drop", type=float, metavar="F",
                    help="fail when it falls by more than the fraction F of the baseline's")
     g.add_argument("--max-drop-per-point", type=float, metavar="X",
@@ -192,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("job_id")
     q.set_defaults(func=cmd_jobs_wait)
 
+    calibrate.add_parser(sub, [common, spec])
     dataset.add_parser(sub)
     points.add_parser(sub, common)
 

@@ -14,21 +14,24 @@ AsyncClient (stitchsim.sdk.aclient) awaits the same plans.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import httpx
 
+from stitchsim.calibration import DEFAULT_FALSE_ALARM_RATE, GateFile
 from stitchsim.models import (
     DatasetInfo,
     JobList,
     JobStatus,
+    Report,
     Spec,
     StitchPoints,
     StoredObject,
     Usage,
 )
 from stitchsim.packing import PackOptions
+from stitchsim.sdk.calibrate import calibrate_gate
 from stitchsim.sdk.core import (
     ID_RE,
     ClientCore,
@@ -190,6 +193,28 @@ class Client(ClientCore):
         """
         return Job(self, self._drive(self._plan_compare(
             front, back, spec, idempotency_key, dataset_options, fields)))
+
+    def calibrate(
+        self,
+        reference: ModelLike,
+        benign: Sequence[ModelLike],
+        *,
+        spec: Spec | Mapping[str, Any] | None = None,
+        false_alarm_rate: float = DEFAULT_FALSE_ALARM_RATE,
+        gate: Sequence[str] | None = None,
+        wait: Callable[[Job], Report] | None = None,
+        **fields: Any,
+    ) -> GateFile:
+        """A gate calibrated on benign retrains (stitchsim.calibration): `reference` checked
+        against each of `benign` (3 at least, 8 or more advised) under one spec, then per
+        figure the benign band and its limit, a one-sided Student t prediction bound for one
+        new benign model at the family-wise `false_alarm_rate`. `gate`: the figure kinds or
+        protocols tested (default calibration.DEFAULT_GATED; "all"). `wait` waits for each
+        job (default `job.wait()`). Write it with `gate.model_dump_json()`; test a report on
+        it with `stitchsim.gatefile.evaluate(report, gate)`. Raises CalibrationFailed naming
+        every benign model whose check gave no report."""
+        return calibrate_gate(self, reference, benign, spec=spec,
+                              false_alarm_rate=false_alarm_rate, gate=gate, wait=wait, **fields)
 
     def submit(self, spec: Spec | Mapping[str, Any], *, idempotency_key: str | None = None) -> Job:
         """Start a job from a complete spec whose checkpoints are already stored."""
