@@ -55,6 +55,10 @@ VIT = {"epochs": 15, "lr": 0.002, "batch_size": 32}
 MODELS = {
     "digits_resnet": ("test_resnet", "digits_digit_only", {}, 0, CNN),
     "digits_resnet_b": ("test_resnet", "digits_digit_only", {}, 1, CNN),
+    # Two more benign retrains of the reference's recipe: a calibrated gate needs 3 at least
+    # (tests/client/test_calibration_e2e.py).
+    "digits_resnet_c": ("test_resnet", "digits_digit_only", {}, 2, CNN),
+    "digits_resnet_d": ("test_resnet", "digits_digit_only", {}, 3, CNN),
     "digits_vit": ("test_vit", "digits_digit_only", {"img_size": 32}, 0, VIT),
     "marker_resnet": ("test_resnet", "digits_marker", {}, 0, CNN),
     "colour_resnet": ("test_resnet", "digits_colour_only", {}, 0, CNN),

@@ -22,6 +22,8 @@ def outcome_markdown(report: Report, outcome: Outcome, *, title: str = "stitchsi
     if outcome.baseline_similarity is not None:
         headline += (f"; baseline {outcome.baseline_similarity:.4f} ({outcome.baseline_source})"
                      f", change {-(outcome.drop or 0.0):+.4f}")
+    elif outcome.baseline_source:
+        headline += f"; calibrated {outcome.baseline_source}"
     lines += [headline + ".", ""]
     lines += ["| gate | status | detail |", "| --- | --- | --- |"]
     lines += [f"| {_cell(g.name)} | {_WORDS[g.status]} | {_cell(g.message)} |"
