@@ -30,6 +30,7 @@ args=(check "${STITCHSIM_ACTION_REFERENCE:?reference is required}"
 add() { if [ -n "${2:-}" ]; then args+=("$1" "$2"); fi; }
 add --threshold "${STITCHSIM_ACTION_THRESHOLD:-}"
 add --baseline "${STITCHSIM_ACTION_BASELINE:-}"
+add --gate "${STITCHSIM_ACTION_GATE:-}"
 add --max-drop "${STITCHSIM_ACTION_MAX_DROP:-}"
 add --max-relative-drop "${STITCHSIM_ACTION_MAX_RELATIVE_DROP:-}"
 add --warn-below "${STITCHSIM_ACTION_WARN_BELOW:-}"

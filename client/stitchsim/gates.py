@@ -34,7 +34,7 @@ _EPS = 1e-9  # a drop of exactly the limit passes, whatever the float rounding
 AUTO = "auto"
 AUTO_K = 3.0
 """`--max-drop auto` = AUTO_K x the baseline's spread (`similarity_spread`). Chosen from
-bench/drift_power.py (docs/client.md, "choosing --max-drop"): the largest benign drop (reseeds,
+bench/drift_power.py (docs/client.md, "Choosing a gate"): the largest benign drop (reseeds,
 one more epoch, another batch order, reruns) measured against the baseline's spread."""
 
 AUTO_FALSE_ALARMS = 15 / 56

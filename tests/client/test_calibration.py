@@ -300,3 +300,17 @@ def test_statistics_module_agrees_with_the_stored_band() -> None:
     band = gate.figures[POINT]
     assert band.sd == pytest.approx(statistics.stdev(band.values))
     assert band.limit == pytest.approx(band.mean - gate.limit_in_sd * band.sd)
+
+
+def test_max_drop_auto_states_its_false_alarm_rate_and_points_to_calibration(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", "--help"]) == 0
+    helped = " ".join(capsys.readouterr().out.split())
+    assert "false-alarms on about 27% of benign retrains (15 of 56 benign pairs, an estimate" in (
+        helped)
+    ref, cand = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    main(["check", str(ref), str(cand), "--url", "http://127.0.0.1:9", "--retries", "0",
+          "--baseline", str(tmp_path / "none.json"), "--max-drop", "auto", "--progress",
+          "none"])
+    hint = [line for line in capsys.readouterr().err.splitlines() if "hint: --max-drop" in line]
+    assert len(hint) == 1 and "stitchsim calibrate REF B1 B2" in hint[0]
