@@ -224,3 +224,10 @@ def width_warning(gate: GateFile) -> str | None:
             f"from the benign mean (t bound at {gate.per_figure_rate:.2%} per figure); "
             + ", ".join(f"{m} retrains would bring it to {k:.1f} sd" for m, k in more.items())
             + ", so a smaller drift would fail the gate")
+
+
+def flat_figures(gate: GateFile) -> list[str]:
+    """Gated figures with no spread over the benign retrains (all equal, as an accuracy of a
+    small test split can be): their limit is that value, so any new benign model that differs
+    at all fails them."""
+    return [name for name, b in gate.figures.items() if b.gated and b.sd == 0.0]

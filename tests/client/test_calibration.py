@@ -17,6 +17,7 @@ from stitchsim.calibration import (
     DEFAULT_FALSE_ALARM_RATE,
     GateFile,
     calibrate,
+    flat_figures,
     prediction_factor,
     sealed_gate,
     width_warning,
@@ -128,6 +129,10 @@ def test_few_retrains_are_refused_below_three_and_warned_below_eight() -> None:
     assert warning is not None and "4 benign retrains: each limit sits 5.1 benign sd" in warning
     assert "8 retrains would bring it to 3.2 sd" in warning
     assert width_warning(calibrate(benign(), gate=["accuracy"])) is None
+    # A figure with no spread is named: its limit is its one value.
+    same = [retrain(i + 1, s, a, 0.9) for i, (s, a, _) in enumerate(BENIGN)]
+    assert flat_figures(calibrate(same)) == ["accuracy"]
+    assert flat_figures(calibrate(benign())) == []
     # The same model twice is not two retrains.
     with pytest.raises(UsageError, match="distinct models"):
         calibrate([*benign()[:3], benign()[0]])

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import TextIO
 
-from stitchsim.calibration import GateFile, width_warning
+from stitchsim.calibration import GateFile, flat_figures, width_warning
 from stitchsim.cli.exits import EXIT_PASS, log
 from stitchsim.cli.output import wait_for, write_file
 from stitchsim.cli.spec_args import client_for, settings_from, spec_fields
@@ -34,6 +34,11 @@ def cmd_calibrate(args: argparse.Namespace, out: TextIO) -> int:
     warning = width_warning(gate)
     if warning:
         log.warning("%s", warning)
+    flat = flat_figures(gate)
+    if flat:
+        log.warning("%s: the same value on every benign retrain, so the limit is that value and "
+                    "any new model that differs fails it; more retrains or more test samples "
+                    "(train.max_test_samples) give it a spread", ", ".join(flat))
     write_file(args.output, gate.model_dump_json(indent=1) + "\n")
     print(gate_table(gate), file=out)
     print(f"wrote {args.output}: {gate.gated_figures} gated figures, false-alarm rate "
