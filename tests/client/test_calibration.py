@@ -31,6 +31,8 @@ from stitchsim.markdown import outcome_markdown
 from stitchsim.models import Figure, MethodRecord, Report
 from stitchsim_worker.engine.core.method import method_record
 
+from tests.client.fake_service import FakeService
+from tests.client.files import write_safetensors
 from tests.client.reports import make_report
 
 REF = "sha256:" + "a" * 64
@@ -319,3 +321,34 @@ def test_max_drop_auto_states_its_false_alarm_rate_and_points_to_calibration(
           "none"])
     hint = [line for line in capsys.readouterr().err.splitlines() if "hint: --max-drop" in line]
     assert len(hint) == 1 and "stitchsim calibrate REF B1 B2" in hint[0]
+
+
+def test_calibrate_names_every_benign_model_that_gave_no_report_and_writes_nothing(
+        fake: FakeService, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Against the scripted stand-in of the service (test_calibration_e2e.py: the real one).
+    ref = write_safetensors(tmp_path / "ref.safetensors", b"reference")
+    good = [str(write_safetensors(tmp_path / f"b{i}.safetensors", f"retrain {i}".encode()))
+            for i in range(3)]
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"\x00" * 7)  # shorter than a header
+    out = tmp_path / "gate.json"
+    code = main(["calibrate", str(ref), *good, str(broken), str(tmp_path / "gone.safetensors"),
+                 "--url", fake.url, "--progress", "none", "--layers", "layer1,layer2",
+                 "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "2 benign check(s) gave no report, so no gate was written" in err
+    assert f"{broken}: " in err and "gone.safetensors: " in err and "Traceback" not in err
+    assert not out.exists()
+
+    # The same retrains alone make a gate; every check's figure is the same on the stand-in,
+    # so the gated figures have no spread, which calibrate says.
+    code = main(["calibrate", str(ref), *good, "--url", fake.url, "--progress", "none",
+                 "--layers", "layer1,layer2", "-o", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    gate = read_gate(out.read_text(), "gate.json")
+    assert gate.n == 3 and [b.given_as for b in gate.benign] == good
+    assert "the same value on every benign retrain" in captured.err
+    assert "3 benign retrains: each limit sits" in captured.err
+    assert f"wrote {out}: {gate.gated_figures} gated figures" in captured.out
