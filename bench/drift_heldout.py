@@ -147,26 +147,37 @@ def baseline_gates(cal: list[dict[str, Any]], held: dict[str, dict[str, Any]],
     }
 
 
-def run_family(b: Bench, name: str) -> dict[str, Any]:
+def run_family(b: Bench, name: str, family: dict[str, Any], save: Callable[[], None]) -> None:
+    """Benign models first, then the harmful ones, into `family`; `save` after each check
+    (a run stopped early leaves what it measured), with the gates once the calibration set
+    and one held-out model are in."""
     fam = FAMILIES[name]
     ref_variant = Variant("reference", "reference", 0, lambda: train(fam, seed=REFERENCE_SEED))
     ref, _ = model_file(b.out, name, fam, ref_variant, Path())
     models = [*benign(fam), *harmful(fam, loader(b.out, name, fam))]
     rows: dict[str, dict[str, Any]] = {}
     paths = {"reference": ref}
+    family.update(models=rows, complete=False)
     for m in models:
         path, acc = model_file(b.out, name, fam, Variant(m.name, m.role, 0, m.make), ref)
         paths[m.name] = path
+        unique_weights(paths)
         if m.role == "source":
             continue  # the harmful series' start, not judged
         check = b.check(fam, f"{name}.{m.name}", path, 0, ref)
         rows[m.name] = {"role": m.role, "seeds": m.seeds, "accuracy": acc, "checks": [check]}
-    unique_weights(paths)
+        family["gates"] = gates_of(rows)
+        save()
+    family["complete"] = True
+
+
+def gates_of(rows: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     cal = [r for r in rows.values() if r["role"] == "calibration"]
     held = {n: r for n, r in rows.items() if r["role"] == "held_out"}
     bad = {n: r for n, r in rows.items() if r["role"] == "harmful"}
-    gates = {**calibrated_gates(cal, held, bad), **baseline_gates(cal, held, bad)}
-    return {"models": rows, "gates": gates}
+    if len(cal) < len(CALIBRATION_SEEDS) or not held:
+        return None
+    return {**calibrated_gates(cal, held, bad), **baseline_gates(cal, held, bad)}
 
 
 def main() -> None:
@@ -180,16 +191,21 @@ def main() -> None:
     b = Bench(args.out, args.budget, Sizes())
     result: dict[str, Any] = {"budget": args.budget, "rate": 0.01,
                               "load_before": os.getloadavg(), "families": {}}
+    out = args.json or args.out / f"drift_heldout.{args.budget}.json"
+
+    def save() -> None:
+        out.write_text(json.dumps({**result, "load_now": os.getloadavg()}, indent=1) + "\n")
+
     for name in args.families:
         print(f"{name}:", flush=True)
-        result["families"][name] = family = run_family(b, name)
-        for label, g in family["gates"].items():
+        result["families"][name] = family = {}
+        run_family(b, name, family, save)
+        for label, g in (family.get("gates") or {}).items():
             k, n = g["false_alarm_rate"]
             print(f"  {label:<46} held-out false alarms {k}/{n} {g['interval_95']}  caught "
                   f"{len(g['caught'])}: {' '.join(g['caught'])}", flush=True)
     result["load_after"] = os.getloadavg()
-    out = args.json or args.out / f"drift_heldout.{args.budget}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    save()
     print(f"wrote {out}")
 
 
