@@ -11,7 +11,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from stitchsim.calibration import DEFAULT_FALSE_ALARM_RATE, MIN_MODELS, GateFile, calibrate
+from stitchsim.calibration import (
+    DEFAULT_FALSE_ALARM_RATE,
+    MIN_MODELS,
+    GateFile,
+    calibrate,
+    prediction_factor,
+)
 from stitchsim.errors import JobError, StitchsimError, UsageError, WaitTimeout
 from stitchsim.models import Report, Spec
 
@@ -36,6 +42,9 @@ def calibrate_gate(client: Client, reference: ModelLike, benign: Sequence[ModelL
     if len(benign) < MIN_MODELS:
         raise UsageError(f"calibrate needs at least {MIN_MODELS} benign retrains, got "
                          f"{len(benign)}: train more with other seeds (8 or more advised)")
+    if not 0.0 < false_alarm_rate < 0.5:
+        raise UsageError(f"false_alarm_rate must be in (0, 0.5), got {false_alarm_rate}")
+    prediction_factor(MIN_MODELS, false_alarm_rate)  # scipy is there: before any check runs
     waiter: Waiter = wait or (lambda job: job.wait())
     names = [_name(b) for b in benign]
     failed: dict[str, StitchsimError] = {}
