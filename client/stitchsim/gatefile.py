@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from stitchsim.calibration import GateFile, dataset_of, spec_of
 from stitchsim.errors import UsageError
 from stitchsim.figures import report_figures
-from stitchsim.gates import Gate, Outcome, method_of
+from stitchsim.gates import BenignBand, Gate, Outcome, method_of
 from stitchsim.jsondepth import MAX_JSON_DEPTH, nested_deeper_than
 from stitchsim.method import differences, planned_differences
 from stitchsim.models import Report
@@ -155,7 +155,8 @@ def gate_results(report: Report, gate: GateFile) -> list[Gate]:
         message = (f"{value:.4f} {relation} limit {b.limit:.4f}: {away}{side} the benign mean "
                    f"{b.mean:.4f} "
                    f"(sd {b.sd:.4f}, n {b.n}; limit at {gate.limit_in_sd:.1f} sd)")
-        out.append(Gate(f"calibrated {name}", "pass" if ok else "fail", message, value, b.limit))
+        out.append(Gate(f"calibrated {name}", "pass" if ok else "fail", message, value, b.limit,
+                        BenignBand(b.mean, b.sd, b.min, b.max, b.n)))
     return out
 
 

@@ -129,12 +129,25 @@ class GateOptions:
 
 
 @dataclass(frozen=True)
+class BenignBand:
+    """A calibrated gate's benign retrains at one figure (stitchsim.calibration)."""
+
+    mean: float
+    sd: float
+    low: float
+    high: float
+    n: int
+
+
+@dataclass(frozen=True)
 class Gate:
     name: str
     status: Status
     message: str
     figure: float | None = None
     limit: float | None = None
+    band: BenignBand | None = None
+    """For a calibrated gate: the benign band the figure is drawn against."""
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ def outcome_markdown(report: Report, outcome: Outcome, *, title: str = "stitchsi
     lines += ["| gate | status | detail |", "| --- | --- | --- |"]
     lines += [f"| {_cell(g.name)} | {_WORDS[g.status]} | {_cell(g.message)} |"
               for g in outcome.gates] or ["| (none) | | no gate was asked for |"]
-    lines += ["", *_points(report), ""]
+    lines += ["", *_points(report), *_bands(outcome), ""]
     dataset = report.dataset.get("id", report.spec.dataset)
     lines += [f"Models: reference `{_short(report.front.checkpoint)}` ({report.front.arch}, "
               f"accuracy {report.front.accuracy:.3f}), candidate "
@@ -56,6 +56,24 @@ def _points(report: Report) -> list[str]:
     lines = ["<details><summary>Agreement per stitch point</summary>", "",
              "| stitch point | agreement |", "| --- | --- |"]
     lines += [f"| {_cell(point_name(k))} | {v:.4f} |" for k, v in points.items()]
+    return [*lines, "", "</details>"]
+
+
+def _bands(outcome: Outcome) -> list[str]:
+    """Each calibrated figure under its benign band: where the check's value sits against
+    the retrains the gate was calibrated on."""
+    banded = [g for g in outcome.gates if g.band is not None and g.figure is not None]
+    if not banded:
+        return []
+    lines = ["", "<details><summary>Calibrated figures against the benign band</summary>", "",
+             "| figure | this check | benign min – max | benign mean ± sd (n) | limit | |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for g in banded:
+        b = g.band
+        assert b is not None and g.figure is not None and g.limit is not None
+        lines.append(f"| {_cell(g.name.removeprefix('calibrated '))} | {g.figure:.4f} | "
+                     f"{b.low:.4f} – {b.high:.4f} | {b.mean:.4f} ± {b.sd:.4f} ({b.n}) | "
+                     f"{g.limit:.4f} | {_WORDS[g.status]} |")
     return [*lines, "", "</details>"]
 
 

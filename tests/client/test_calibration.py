@@ -172,8 +172,11 @@ def test_a_calibrated_check_fails_exactly_the_figure_that_moved() -> None:
     aware = "agreement{direction=front_to_back,point=layer2->layer2,protocol=invariance_aware}"
     assert evaluate(moved(typical, aware, -0.3), gate).status == "pass"
 
-    md = outcome_markdown(drifted, outcome)
-    assert f"| calibrated {POINT} | ❌ FAIL |" in md.replace("\\|", "|")
+    md = outcome_markdown(drifted, outcome).replace("\\|", "|")
+    assert f"| calibrated {POINT} | ❌ FAIL |" in md
+    # Under the gates, each figure against its benign band.
+    assert (f"| {POINT} | {failed[0].figure:.4f} | {band.min:.4f} – {band.max:.4f} | "
+            f"{band.mean:.4f} ± {band.sd:.4f} (8) | {band.limit:.4f} | ❌ FAIL |") in md
     root = ET.fromstring(report_to_junit(drifted, outcome=outcome))
     assert root.get("failures") == "1"
     failing = [c.get("name") for c in root.iter("testcase") if c.find("failure") is not None]
