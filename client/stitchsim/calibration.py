@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from stitchsim import __version__
+from stitchsim import __version__, catalogue
 from stitchsim.errors import MissingExtra, UsageError
 from stitchsim.figures import Bad, NamedFigure, report_figures
 from stitchsim.gates import method_of
@@ -142,6 +142,16 @@ def gate_kinds(selectors: Sequence[str] | None, report: Report) -> list[str]:
         raise UsageError(f"--gate-figures: {', '.join(unknown)} not among the figures these "
                          f"checks report ({', '.join(sorted(known))})")
     return list(selectors)
+
+
+def check_kinds(selectors: Sequence[str] | None) -> None:
+    """Refuse, before any check runs, a selector that names no figure any check reports."""
+    known = {ALL, "agreement", "similarity", "accuracy", "endpoint_agreement",
+             *catalogue.PROTOCOLS.names, *catalogue.MEASURES.names}
+    unknown = [s for s in selectors or () if s not in known]
+    if unknown:
+        raise UsageError(f"--gate-figures: {', '.join(unknown)} is not a figure kind; "
+                         f"known: {', '.join(sorted(known))}")
 
 
 def is_gated(figure: NamedFigure, kinds: Sequence[str]) -> bool:

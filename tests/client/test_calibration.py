@@ -302,6 +302,9 @@ def test_calibrate_refuses_twins_and_too_few_before_any_request(
     assert "are the same model" in capsys.readouterr().err
     assert main(["calibrate", files[0], files[1], *base]) == 2
     assert "at least 3 benign retrains, got 1" in capsys.readouterr().err
+    bodies = [files[1], files[0], "sha256:" + "2" * 64, "sha256:" + "3" * 64]
+    assert main(["calibrate", *bodies, *base, "--gate-figures", "standard,ckaa"]) == 2
+    assert "--gate-figures: ckaa is not a figure kind" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -16,6 +16,7 @@ from stitchsim.calibration import (
     MIN_MODELS,
     GateFile,
     calibrate,
+    check_kinds,
     prediction_factor,
 )
 from stitchsim.errors import JobError, StitchsimError, UsageError, WaitTimeout
@@ -45,6 +46,7 @@ def calibrate_gate(client: Client, reference: ModelLike, benign: Sequence[ModelL
     if not 0.0 < false_alarm_rate < 0.5:
         raise UsageError(f"false_alarm_rate must be in (0, 0.5), got {false_alarm_rate}")
     prediction_factor(MIN_MODELS, false_alarm_rate)  # scipy is there: before any check runs
+    check_kinds(gate)
     waiter: Waiter = wait or (lambda job: job.wait())
     names = [_name(b) for b in benign]
     failed: dict[str, StitchsimError] = {}
