@@ -88,12 +88,12 @@ def _consistent(gate: GateFile, name: str) -> None:
 # ------------------------------------------------------------------ does it fit the check
 
 
-def precheck(gate: GateFile, source: str, reference: str, dataset: str | None,
+def precheck(gate: GateFile, source: str, reference: str | None, dataset: str | None,
              planned: dict[str, Any], fields: dict[str, Any]) -> None:
     """Refuse, before anything runs, a gate of another reference, dataset or planned method
     (`planned`: stitchsim.cli.baseline.planned_settings of the check's fields)."""
     found = []
-    if gate.reference.checkpoint != reference:
+    if reference is not None and gate.reference.checkpoint != reference:
         found.append(f"reference model: gate {gate.reference.checkpoint}, this check {reference}")
     if dataset is not None and gate.dataset != dataset:
         found.append(f"dataset: gate {gate.dataset}, this check {dataset}")

@@ -27,8 +27,9 @@ def load(name: str, reference: str, fields: dict[str, Any]) -> GateFile:
     dataset = fields.get("dataset")
     known = dataset if isinstance(dataset, str) and (
         ID_RE.match(dataset) or not Path(dataset).exists()) else None
-    precheck(gate, f"file {name}", reference_id(reference), known, planned_settings(fields),
-             fields)
+    # A model folder is packed before its id is known: its reference is compared after the run.
+    ref_id = None if Path(reference).is_dir() else reference_id(reference)
+    precheck(gate, f"file {name}", ref_id, known, planned_settings(fields), fields)
     return gate
 
 
