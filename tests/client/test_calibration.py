@@ -358,3 +358,27 @@ def test_calibrate_names_every_benign_model_that_gave_no_report_and_writes_nothi
     assert "the same value on every benign retrain" in captured.err
     assert "3 benign retrains: each limit sits" in captured.err
     assert f"wrote {out}: {gate.gated_figures} gated figures" in captured.out
+
+
+def test_the_async_client_calibrates_the_same_gate(fake: FakeService, tmp_path: Path) -> None:
+    import asyncio
+
+    from stitchsim import AsyncClient, Client
+    from stitchsim.sdk.calibrate import CalibrationFailed
+
+    ref = write_safetensors(tmp_path / "ref.safetensors", b"reference")
+    good = [write_safetensors(tmp_path / f"b{i}.safetensors", f"retrain {i}".encode())
+            for i in range(3)]
+    fields = {"layers": [{"front": "layer1", "back": "layer1"}], "dataset": "digits"}
+
+    async def run(models: list[Path]) -> GateFile:
+        async with AsyncClient(fake.url) as client:
+            return await client.calibrate(ref, models, **fields)
+
+    gate = asyncio.run(run(good))
+    with Client(fake.url) as client:
+        again = client.calibrate(ref, good, **fields)
+    assert [b.given_as for b in gate.benign] == [str(g) for g in good]
+    assert gate.figures.keys() == again.figures.keys() and gate.n == again.n == 3
+    with pytest.raises(CalibrationFailed, match="1 benign check.*gone.safetensors"):
+        asyncio.run(run([*good, tmp_path / "gone.safetensors"]))

@@ -16,12 +16,13 @@ thread, as the plans do them between requests.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import httpx
 
+from stitchsim.calibration import DEFAULT_FALSE_ALARM_RATE, GateFile
 from stitchsim.models import (
     DatasetInfo,
     JobList,
@@ -33,6 +34,7 @@ from stitchsim.models import (
     Usage,
 )
 from stitchsim.packing import PackOptions
+from stitchsim.sdk.calibrate import acalibrate_gate
 from stitchsim.sdk.core import ClientCore, ModelLike, PathLike, client_settings
 from stitchsim.sdk.job import LONG_POLL_S, JobCore, ProgressArg, _write
 from stitchsim.sdk.plans import Plan, drive_async
@@ -133,6 +135,20 @@ class AsyncClient(ClientCore):
     ) -> AsyncJob:
         return AsyncJob(self, await self._drive(self._plan_compare(
             front, back, spec, idempotency_key, dataset_options, fields)))
+
+    async def calibrate(
+        self,
+        reference: ModelLike,
+        benign: Sequence[ModelLike],
+        *,
+        spec: Spec | Mapping[str, Any] | None = None,
+        false_alarm_rate: float = DEFAULT_FALSE_ALARM_RATE,
+        gate: Sequence[str] | None = None,
+        **fields: Any,
+    ) -> GateFile:
+        """Client.calibrate, awaited (the checks after the first waited for together)."""
+        return await acalibrate_gate(self, reference, benign, spec=spec,
+                                     false_alarm_rate=false_alarm_rate, gate=gate, **fields)
 
     async def submit(self, spec: Spec | Mapping[str, Any], *,
                      idempotency_key: str | None = None) -> AsyncJob:
