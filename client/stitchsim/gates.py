@@ -38,9 +38,10 @@ bench/drift_power.py (docs/client.md, "Choosing a gate"): the largest benign dro
 one more epoch, another batch order, reruns) measured against the baseline's spread."""
 
 AUTO_FALSE_ALARMS = 15 / 56
-AUTO_FALSE_ALARMS_SOURCE = ("15 of 56 benign pairs, an estimate from the files "
-                            "bench/results/drift_power.2026-12-07.*: each benign retrain in "
-                            "turn as the baseline, not yet measured on held-out models")
+AUTO_FALSE_ALARMS_SOURCE = ("15 of 56 benign pairs of the demo recipe, 0 of 56 of convnext: "
+                            "an estimate from the files bench/results/drift_power.2026-12-07.*,"
+                            " each benign retrain in turn as the baseline, not yet measured on "
+                            "held-out models")
 """How often `auto` fails a benign retrain when the baseline is another benign retrain: the
 bootstrap half-width measures test-sample noise, not seed-to-seed spread. Shown in `check
 --help`; above AUTO_HINT_ABOVE a check with auto suggests a calibrated gate."""

@@ -59,10 +59,10 @@ def _asks_for_a_gate(options: GateOptions, args: argparse.Namespace) -> bool:
 
 def _auto_hint(options: GateOptions) -> None:
     if options.max_drop == AUTO and AUTO_FALSE_ALARMS > AUTO_HINT_ABOVE:
-        log.warning("hint: --max-drop auto fails about %d%% of benign retrains (%s); calibrate "
-                    "a gate on your own retrains instead: stitchsim calibrate REF B1 B2 ... -o "
-                    "gate.json, then check --gate gate.json", round(AUTO_FALSE_ALARMS * 100),
-                    AUTO_FALSE_ALARMS_SOURCE.split(":")[0])
+        log.warning("hint: --max-drop auto fails up to about %d%% of benign retrains (%s); "
+                    "calibrate a gate on your own retrains instead: stitchsim calibrate REF B1 "
+                    "B2 ... -o gate.json, then check --gate gate.json",
+                    round(AUTO_FALSE_ALARMS * 100), AUTO_FALSE_ALARMS_SOURCE.split(":")[0])
 
 
 def cmd_check(args: argparse.Namespace, out: TextIO) -> int:

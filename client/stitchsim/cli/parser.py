@@ -50,7 +50,7 @@ def _gate_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-drop", type=_drop, metavar="X|auto",
                    help="fail when the similarity is more than X below the baseline's; "
                    f"auto: more than {AUTO_K:g} x the baseline's own 95%% interval "
-                   f"half-width, which false-alarms on about {round(AUTO_FALSE_ALARMS * 100)}%% "
+                   f"half-width, which false-alarms on up to {round(AUTO_FALSE_ALARMS * 100)}%% "
                    "of benign retrains "
                    f"({_escaped(AUTO_FALSE_ALARMS_SOURCE)}): prefer --gate "
                    "(docs/client.md, choosing a gate)")
