@@ -1,7 +1,7 @@
 """A calibrated gate end to end against a real `stitchsim-server serve` (issue 46):
 `stitchsim calibrate` on three benign retrains of the fixture recipe, then `stitchsim check
---gate` passing a retrain and failing a model that learned nothing, and refusing, before any
-job, a check under another setting.
+--gate` passing a retrain (through the GitHub Action's step) and failing a model that learned
+nothing, and refusing, before any job, a check under another setting.
 
 Kept cheap: the standard protocol only (no IRIs), one stitch point and direction, the ci
 budget, 2 epochs of stitch training."""
@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from stitchsim.gatefile import read_gate
+
+from tests.client.test_gates_e2e import FakeGitHub, action, github  # noqa: F401  (fixture)
 
 SPEC = ["--protocols", "standard", "--layers", "layer2", "--objectives", "slm",
         "--directions", "front_to_back", "--dataset", "digits", "--budget", "ci",
@@ -39,7 +41,8 @@ def _jobs(live_service: Any) -> int:
 
 
 def test_calibrate_then_check_passes_a_retrain_fails_a_broken_model_refuses_a_misfit(
-        live_service: Any, ckpts: Any, untrained: Any, tmp_path: Path) -> None:
+        live_service: Any, ckpts: Any, untrained: Any, tmp_path: Path,
+        github: FakeGitHub) -> None:  # noqa: F811
     gate_path = tmp_path / "gate.json"
     benign = [str(ckpts.digits_resnet_b), str(ckpts.digits_resnet_c), str(ckpts.digits_resnet_d)]
     run = _cli(live_service, "calibrate", str(ckpts.digits_resnet), *benign, "-o",
@@ -58,11 +61,14 @@ def test_calibrate_then_check_passes_a_retrain_fails_a_broken_model_refuses_a_mi
     assert gate.method.settings["protocols"] == ["standard"]
     assert f"{gate.gated_figures} gated figures" in run.stdout and POINT in run.stdout
 
-    # A retrain the gate was set on passes (the bound is wide at n = 3).
-    run = _cli(live_service, "check", str(ckpts.digits_resnet), benign[0], "--gate",
-               str(gate_path))
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert f"pass: calibrated {POINT}: " in run.stdout
+    # A retrain the gate was set on passes (the bound is wide at n = 3), here through the
+    # GitHub Action's step with its `gate` input.
+    run, outputs = action(live_service, tmp_path, github, ckpts.digits_resnet,
+                          ckpts.digits_resnet_b, gate=str(gate_path), args=" ".join(SPEC))
+    assert run.returncode == 0 and outputs["status"] == "pass", run.stdout + run.stderr
+    summary = (tmp_path / "summary.md").read_text().replace("\\|", "|")
+    assert f"| calibrated {POINT} | ✅ PASS |" in summary
+    assert "calibrated gate " in summary and "(3 benign retrains)" in summary
 
     # A model at its random init: chance accuracy, its outputs unlike the reference's.
     run = _cli(live_service, "check", str(ckpts.digits_resnet), str(untrained.back), "--gate",
