@@ -47,6 +47,7 @@ ROBUST_CODE = [
     "worker/engine/models/robust.py",
     "worker/engine/models/attacks.py",
     "client/stitchsim/models/spec.py",
+    "client/stitchsim/models/settings.py",  # the adversarial settings' defaults
 ]
 
 # name: (arch, dataset, arch kwargs, seed, training settings)

@@ -67,7 +67,8 @@ IRI_CODE = sorted(
                    "worker/engine/data", "worker/engine/measures", "worker/engine/stitching",
                    "worker/engine/protocols", "worker/engine/job")
     for f in (REPO / folder).rglob("*.py")
-) + ["client/stitchsim/models/spec.py", "client/stitchsim/datasets.py"]
+) + ["client/stitchsim/models/spec.py", "client/stitchsim/models/settings.py",
+     "client/stitchsim/datasets.py"]
 
 
 def shared_cache() -> Path:
