@@ -31,6 +31,7 @@ from stitchsim.datasets import BUILTIN
 from stitchsim.failure import Failure
 from stitchsim.files.header import Header
 from stitchsim.models import Estimate, LocalPath, Spec
+from stitchsim.probes import BUILTIN_PROBES
 from stitchsim.validation import validation_failure
 from stitchsim_service.core import jobs, objects, quotas
 from stitchsim_service.core.context import Context
@@ -184,12 +185,16 @@ def check_refs(ctx: Context, owner: str, spec: Spec, uploaded: set[str]) -> None
     _check_dataset_ref(ctx, owner, spec.dataset, "dataset")
     if spec.front_dataset is not None:
         _check_dataset_ref(ctx, owner, spec.front_dataset, "front_dataset")
+    for n, probe in enumerate(spec.probes):
+        _check_dataset_ref(ctx, owner, probe, f"probes[{n}]", BUILTIN_PROBES)
 
 
-def _check_dataset_ref(ctx: Context, owner: str, ds: str | LocalPath, field: str) -> None:
+def _check_dataset_ref(ctx: Context, owner: str, ds: str | LocalPath, field: str,
+                       probes: Mapping[str, object] | None = None) -> None:
+    """`probes`: the built-in probe sets, where the field takes them too."""
     if isinstance(ds, LocalPath):
         raise _local_path_refused(field, "the file", "POST /datasets")
-    if ds in BUILTIN:
+    if ds in BUILTIN or ds in (probes or {}):
         return
     if ds.startswith("sha256:"):
         try:
@@ -200,8 +205,9 @@ def _check_dataset_ref(ctx: Context, owner: str, ds: str | LocalPath, field: str
             raise NotFoundError("dataset", ds, {"field": field},
                                 hint="; upload it with POST /datasets")
         return
+    names = [*BUILTIN, *(probes or {})]
     raise _spec_error(
-        f"{field}: unknown dataset {ds!r}; use a built-in ({', '.join(BUILTIN)}) or "
+        f"{field}: unknown dataset {ds!r}; use a built-in ({', '.join(names)}) or "
         "the id of a dataset you uploaded", field, code="unknown_dataset")
 
 

@@ -19,6 +19,7 @@ from stitchsim.models.report import (
     ModelSummary,
     PreprocessCandidate,
     PreprocessInfo,
+    ProbeResult,
     Report,
     ResultRow,
     RobustStats,
@@ -56,6 +57,7 @@ from stitchsim.models.spec import (
     LocalPath,
     ModelRef,
     Spec,
+    probe_name,
 )
 from stitchsim.models.vocabulary import (
     ACTIVE_STATES,
@@ -116,6 +118,8 @@ __all__ = [
     "AdversarialSettings",
     "MeasureSettings",
     "Spec",
+    "probe_name",
+    "ProbeResult",
     "ImageGrid",
     "IRIStats",
     "RobustStats",

@@ -227,6 +227,27 @@ class UnstitchedRow(FigureRow):
     samples: int
 
 
+class ProbeResult(BaseModel):
+    """One probe set (spec.probes): the stitches, fitted on the clean training split as
+    without it, evaluated on the probe's test split, with the two models on it. A latent
+    shortcut shows here, where its cue is present, and not on the clean rows."""
+
+    name: str = Field(description="the probe's name (stitchsim.models.spec.probe_name)")
+    dataset: dict[str, Any] = Field(description="the probe set, described as `dataset` is")
+    front_accuracy: float | None = Field(
+        default=None, description="the front model alone on the probe; null without labels "
+        "or classes")
+    back_accuracy: float | None = Field(
+        default=None, description="the back model alone on the probe; null without labels "
+        "or classes")
+    unstitched_agreement: list[UnstitchedRow] = Field(
+        default=[], description="per direction: the two whole models against each other on "
+        "the probe (the endpoint)")
+    results: list[ResultRow] = Field(
+        default=[], description="one row per direction, stitch pair, objective and protocol, "
+        "as the clean results (no controls, measures or attacks on probes)")
+
+
 class PreprocessCandidate(BaseModel):
     name: str
     mean: tuple[float, float, float]
@@ -415,6 +436,8 @@ class Report(BaseModel):
         default=[], description="per direction: the two whole models against each other, no "
         "stitch (the endpoint of the agreement plots); empty when their outputs are not in one "
         "class space (cross-task pairing)")
+    probes: list[ProbeResult] = Field(
+        default=[], description="with spec.probes: each probe set's rows, in the spec's order")
     measures: list[MeasureRow] = Field(default=[], description="with spec.measures")
     measure_controls: list[MeasureRow] = Field(
         default=[], description="the measures' ceiling (identity) and floor (clustered noise)"

@@ -40,6 +40,21 @@ class LocalPath(StrictModel):
     path: str
 
 
+MAX_PROBES = 8
+"""Probe sets a job may name: each adds a pass of both models and of every stitch."""
+
+
+def probe_name(ref: str | LocalPath) -> str:
+    """The name a probe's rows and figures carry: a built-in's own name, an upload's id cut to
+    12 hex digits (enough to tell a key's datasets apart, short enough for a figure name), a
+    local file's name."""
+    if isinstance(ref, LocalPath):
+        return ref.path.replace("\\", "/").rsplit("/", 1)[-1]
+    if ref.startswith("sha256:"):
+        return ref[: len("sha256:") + 12]
+    return ref
+
+
 class ModelRef(StrictModel):
     checkpoint: str | LocalPath = Field(
         description='"sha256:<hex>" of an uploaded checkpoint, or {"path": ...} for local runs'
@@ -112,6 +127,13 @@ class Spec(StrictModel):
         description="cross_task protocol: the front model's own dataset (the back model's is "
         "`dataset`); both need the same number of classes, paired by `class_pairing`",
     )
+    probes: list[str | LocalPath] = Field(
+        default=[], max_length=MAX_PROBES,
+        description="probe sets beside the clean dataset (built-in name, uploaded dataset id, "
+        "or {path} in run): every stitch, trained as without them, is also evaluated on each "
+        "probe's test split, which must have the dataset's image shape; each probe gets its "
+        "own rows in the report (report.probes), named by probe_name",
+    )
     class_pairing: list[Annotated[int, Field(ge=0)]] | None = Field(
         default=None, max_length=10_000, json_schema_extra={"uniqueItems": True},
         description="cross_task: back-model class of each front-model class (default: by index)",
@@ -154,6 +176,16 @@ class Spec(StrictModel):
         if v is not None and sorted(v) != list(range(len(v))):
             raise ValueError("class_pairing must list each back-model class exactly once "
                              "(a permutation of 0..n-1)")
+        return v
+
+    @field_validator("probes")
+    @classmethod
+    def _probe_names_unique(cls, v: list[str | LocalPath]) -> list[str | LocalPath]:
+        names = [probe_name(p) for p in v]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"probe {repeated[0]!r} is named more than once; name each "
+                             "probe set once")
         return v
 
     def at(self, resolution: str) -> Spec:

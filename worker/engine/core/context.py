@@ -88,6 +88,7 @@ class JobContext:
     # pixels, and its logits on its own test split (its accuracy).
     own_pixels: dict[str, tuple[Bank, Bank]] = field(init=False)
     own_test_logits: dict[str, Bank] = field(init=False)
+    probe_logits: list[dict[str, Bank]] = field(init=False)  # each model on each probe set
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
@@ -113,6 +114,9 @@ class JobContext:
         test = test_inputs(prep.data.digest)
         self.test_logits = {net.where: self._logits(net, self.test_pixels, test)
                             for net in (prep.front, prep.back)}
+        # The reference's logits on a probe are kept across jobs, as on the dataset.
+        self.probe_logits = [{net.where: self._logits(net, p.test.pixels, test_inputs(p.digest))
+                              for net in (prep.front, prep.back)} for p in prep.probes]
         self.own_pixels = {w: (self.train_pixels, self.test_pixels) for w in ("front", "back")}
         self.own_test_logits = dict(self.test_logits)
         if prep.front_data is not None:

@@ -19,6 +19,8 @@ class Sizes:
     pairs: int
     front_train: int | None = None
     front_test: int | None = None
+    probes: tuple[int, ...] = ()
+    """Each probe set's test split (spec.probes)."""
 
 
 REFERENCE_FLOPS = 74e6

@@ -33,6 +33,8 @@ class JobRun:
     measured: MeasureRun
     results: list[ResultRow] = field(default_factory=list)
     controls: list[ResultRow] = field(default_factory=list)
+    probe_results: dict[int, list[ResultRow]] = field(default_factory=dict)
+    """Each probe set's rows (by its index in prep.probes), as the comparison steps made them."""
     splits: dict[tuple[Direction, Pair], tuple[Split, dict]] = field(default_factory=dict)
     """Each cut's test split and the training splits its protocols made, kept from its
     comparison step for its measures step (which reads the activations instead of

@@ -29,6 +29,7 @@ from stitchsim_worker.engine.job.prepare import (
     check_all,
     check_classes,
     pair_points_of,
+    probes_of,
 )
 from stitchsim_worker.engine.models.attacks import attack_passes
 from stitchsim_worker.engine.models.loading import LoadedModel, meta_model
@@ -119,19 +120,22 @@ def check_spec(spec: Spec, *, resources: Resources) -> Checked:
     """Raises a Failure with what to fix; returns the job's cost when it can be prepared."""
     pick_device(spec.device)  # checks workers run beside the job workers, on hosts alike
     data, front_data = _datasets(spec, resources)
+    probes = probes_of(spec, resources, data)  # before the models: a bad probe is cheap to tell
     front, back = _networks(spec, resources, data, front_data)
     budgeted = _at_budget(spec, front, back, data)
     if budgeted is not spec:  # the budget's training samples: the splits' lengths change
         spec = budgeted
         data, front_data = _datasets(spec, resources)
-    check_all(spec, data, front_data, {"front": front.model.output, "back": back.model.output})
+    check_all(spec, data, front_data, {"front": front.model.output, "back": back.model.output},
+              probes)
     _check_activations(spec, (front, back), resources.max_activation_bytes)
     pairs = pair_points_of(spec, front, back)
     if not pairs:
         raise Failure("unknown_layer", "no stitch points could be paired between the two models")
     factor = size_factor(front.flops, back.flops)
     budget = _Budget.of(resources, max(front.preprocess.input_size, back.preprocess.input_size))
-    sizes = Sizes(len(data.train), len(data.test), len(pairs))
+    sizes = Sizes(len(data.train), len(data.test), len(pairs),
+                  probes=tuple(len(p.test) for p in probes))
     units, expected = _check_budget(spec, sizes, pairs, factor, budget)
     return Checked(units=units, expected_units=expected, size_factor=factor,
                    seconds_per_unit=budget.seconds_per_unit)

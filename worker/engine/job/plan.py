@@ -24,6 +24,7 @@ from stitchsim_worker.engine.protocols.fitting import protocol_steps, training_i
 from stitchsim_worker.engine.stitching.activations import (
     InputSet,
     Split,
+    probe_split,
     test_split,
 )
 
@@ -50,7 +51,8 @@ def prepared_steps(spec: Spec, prep: Prepared) -> list[Step]:
     own = prep.front_data
     sizes = Sizes(len(prep.data.train), len(prep.data.test), len(prep.pairs),
                   front_train=len(own.train) if own else None,
-                  front_test=len(own.test) if own else None)
+                  front_test=len(own.test) if own else None,
+                  probes=tuple(len(p.test) for p in prep.probes))
     return job_steps(spec, sizes, prep.pairs)
 
 
@@ -61,7 +63,7 @@ def job_plan(spec: Spec, steps: Sequence[Step]) -> Plan:
 def _open(spec: Spec, sizes: Sizes) -> Step:
     """JobContext.open: each model on its test split (the front model on its own task's
     too), in training batches."""
-    n = 2 * passes(sizes.test, spec.train.batch_size)
+    n = 2 * sum(passes(k, spec.train.batch_size) for k in (sizes.test, *sizes.probes))
     if sizes.front_test is not None:
         n += passes(sizes.front_test, spec.train.batch_size)
     return Step("prepare", Units(forward=n), lambda job: job.ctx.open())
@@ -71,21 +73,28 @@ def _comparison(spec: Spec, sizes: Sizes, direction: Direction, pair: Pair) -> l
     """Every protocol and objective at one stitch pair: its test split, then every
     protocol's training split and fits."""
     label, test = cut_label(direction, pair), test_split(sizes.test)
+    probes = [probe_split(k) for k in sizes.probes]
 
     def begin(job: JobRun) -> tuple[Cut, InputSet, list[Split]]:
         ctx = job.ctx
         cut = ctx.cut(direction, pair)
-        return cut, training_inputs(ctx), [test.run(ctx, cut)]
+        on_probes = [p.run(ctx, cut, k) for k, p in enumerate(probes)]
+        return cut, training_inputs(ctx), [test.run(ctx, cut), *on_probes]
 
     def finish(job: JobRun, rows: list[list[ResultRow]], tests: list[Split],
                made: dict[Protocol, Split]) -> None:
-        (found,), (test,) = rows, tests
+        found, test = rows[0], tests[0]
         job.results += found
+        for k, probe_rows in enumerate(rows[1:]):
+            # A protocol with a test split of its own (cross-task) is refused with probes.
+            job.probe_results.setdefault(k, []).extend(probe_rows)
         if spec.measures:  # kept for the measures step right after, which reads them
             job.splits[(direction, pair)] = (test, made)
 
-    return protocol_steps(spec, sizes, (f"stitch {label}", test.units), begin,
-                          finish, label, front_point(direction, pair), [sizes.test])
+    opening = test.units + sum((p.units for p in probes), Units())
+    return protocol_steps(spec, sizes, (f"stitch {label}", opening), begin,
+                          finish, label, front_point(direction, pair),
+                          [sizes.test, *sizes.probes])
 
 
 IRI_STEPS_EXPECTED = 100

@@ -4,7 +4,7 @@ pairs. Everything here can fail on a user's mistake, with a Failure that says wh
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from stitchsim import catalogue
@@ -16,6 +16,7 @@ from stitchsim.models.spec import thin_points
 from stitchsim_worker.engine.core.errors import JobCancelled
 from stitchsim_worker.engine.core.resources import CancelFn, Resources
 from stitchsim_worker.engine.data.datasets import Dataset, load_dataset
+from stitchsim_worker.engine.data.probes import Probe, check_probe_labels, load_probes
 from stitchsim_worker.engine.models.loading import LoadedModel, build_model
 from stitchsim_worker.engine.models.network import Network, pair_points
 from stitchsim_worker.engine.models.preprocess import MEASURE_SAMPLES, measure
@@ -31,6 +32,7 @@ class Prepared:
     ids: dict[str, dict[str, object]]  # per model: what identifies it (keys IRI caches)
     front_data: Dataset | None = None  # cross_task: the front model's own task
     pairing: torch.Tensor | None = None  # cross_task: back-model class of each front class
+    probes: list[Probe] = field(default_factory=list)  # spec.probes, in order
 
     @property
     def resolution(self) -> str:
@@ -182,11 +184,23 @@ def check_labels(spec: Spec, *datasets: Dataset | None, outputs: Outputs = None)
 
 
 def check_all(spec: Spec, data: Dataset, front_data: Dataset | None,
-              outputs: dict[str, str]) -> None:
+              outputs: dict[str, str], probes: list[Probe] | None = None) -> None:
     """Every check of the spec against its data and its models' output kinds."""
     check_outputs(spec, outputs)
     check_protocols(spec, data, front_data, outputs)
     check_labels(spec, data, front_data, outputs=outputs)
+    check_probe_labels(probes or [], labels_needed(spec, outputs))
+
+
+def probes_of(spec: Spec, resources: Resources, data: Dataset) -> list[Probe]:
+    """The spec's probe sets, checked against the dataset. Under cross-task pairing the
+    models answer two tasks and no one probe serves both: refused."""
+    if spec.probes and spec.front_dataset is not None:
+        raise Failure("invalid_spec",
+                      "probes are evaluated in the comparison's one class space, and "
+                      "front_dataset pairs two tasks; drop probes or front_dataset",
+                      {"field": "probes"})
+    return load_probes(spec, resources, data)
 
 
 def check_classes(model: LoadedModel, data: Dataset, where: str) -> None:
@@ -252,6 +266,7 @@ def prepare(
     front_data = None
     if spec.front_dataset is not None:
         front_data = load_dataset(spec.front_dataset, resources, spec.train)
+    probes = probes_of(spec, resources, data)
     own = {"front": front_data or data, "back": data}
     networks, ids = {}, {}
     for where in ("front", "back"):
@@ -260,10 +275,10 @@ def prepare(
         networks[where] = Network(model, own[where].image_size, device, where)
         ids[where] = _identity(model, ckpt)
     check_cancel()
-    check_all(spec, data, front_data, {w: networks[w].model.output for w in networks})
+    check_all(spec, data, front_data, {w: networks[w].model.output for w in networks}, probes)
     front, back = networks["front"], networks["back"]
     pairing = None
     if front_data is not None:
         pairing = torch.tensor(spec.class_pairing or list(range(data.n_classes)))
     return Prepared(data, front, back, pair_points_of(spec, front, back), ids, front_data,
-                    pairing)
+                    pairing, probes)

@@ -18,6 +18,7 @@ from stitchsim.caveats import find_caveats
 from stitchsim.models import (
     MeasureRow,
     ModelSummary,
+    ProbeResult,
     Report,
     ResultRow,
     Spec,
@@ -32,11 +33,12 @@ from stitchsim_worker.engine.core.method import method_record
 from stitchsim_worker.engine.core.progress import Tracker
 from stitchsim_worker.engine.core.resources import CancelFn, ProgressFn, Resources
 from stitchsim_worker.engine.core.step import JobRun, run_steps
+from stitchsim_worker.engine.data.datasets import Dataset
 from stitchsim_worker.engine.job.check import with_budget_samples
 from stitchsim_worker.engine.job.measuring import MeasureRun
 from stitchsim_worker.engine.job.plan import job_plan, prepared_steps
 from stitchsim_worker.engine.job.prepare import Prepared, budget_floor, prepare
-from stitchsim_worker.engine.job.unstitched import unstitched_rows
+from stitchsim_worker.engine.job.unstitched import endpoint_rows, unstitched_rows
 from stitchsim_worker.engine.measures.metrics import accuracy_with_ci, near_chance
 from stitchsim_worker.engine.measures.summary import (
     chance_warning,
@@ -83,11 +85,12 @@ def run_job(
                     # Only the ETA suffers, so the job goes on; the count is a bug of ours.
                     log.warning("work counted wrong, %s", mismatch)
             unstitched = unstitched_rows(job.ctx)  # from what the steps computed: no work
+            probes = _probe_results(job.ctx, job.probe_results)
         finally:
             job.ctx.close()
         tracker.finish()
         return _report(Ran(spec, job.ctx, job.results, job.controls, unstitched, job.measured,
-                           device, tracker, time.perf_counter() - t0, job_id))
+                           device, tracker, time.perf_counter() - t0, job_id, probes))
     except Exception as exc:
         if passes_through(exc):
             raise
@@ -131,6 +134,27 @@ def _model_summary(
     return summary.model_copy(update={"chance_warning": warning})
 
 
+def _probe_results(ctx: JobContext, rows: dict[int, list[ResultRow]]) -> list[ProbeResult]:
+    """Each probe set's rows, with the two models alone and against each other on it."""
+    out = []
+    for k, probe in enumerate(ctx.prep.probes):
+        logits, labels = ctx.probe_logits[k], probe.test.labels
+        accuracy = {where: _probe_accuracy(ctx, net, logits[where].all(), labels, probe.data)
+                    for where, net in (("front", ctx.prep.front), ("back", ctx.prep.back))}
+        out.append(ProbeResult(
+            name=probe.name, dataset=probe.data.describe(), front_accuracy=accuracy["front"],
+            back_accuracy=accuracy["back"], unstitched_agreement=endpoint_rows(ctx, logits, labels),
+            results=rows.get(k, [])))
+    return out
+
+
+def _probe_accuracy(ctx: JobContext, net: Network, logits: torch.Tensor, labels: torch.Tensor,
+                    data: Dataset) -> float | None:
+    if not (OUTPUT_KINDS[net.output].classes and data.labelled):
+        return None
+    return accuracy_with_ci(logits, labels, ctx.spec.train.seed)[0]
+
+
 @dataclass(frozen=True)
 class Ran:
     """What a job's run leaves for its report."""
@@ -145,6 +169,7 @@ class Ran:
     tracker: Tracker
     seconds: float
     job_id: str | None
+    probes: list[ProbeResult]
 
 
 def _report(ran: Ran) -> Report:
@@ -165,6 +190,7 @@ def _report(ran: Ran) -> Report:
         results=results,
         controls=ran.controls,
         unstitched_agreement=ran.unstitched,
+        probes=ran.probes,
         measures=measured.rows,
         measure_controls=measured.controls,
         summary=summary,

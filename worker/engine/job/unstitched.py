@@ -9,7 +9,9 @@ direction: the model in front position is h, the model the stitched network ends
 
 from __future__ import annotations
 
+import torch
 from stitchsim.models import UnstitchedRow
+from stitchsim_worker.engine.core.bank import Bank
 from stitchsim_worker.engine.core.context import JobContext
 from stitchsim_worker.engine.measures.outputs import OUTPUTS
 
@@ -19,11 +21,17 @@ def unstitched_rows(ctx: JobContext) -> list[UnstitchedRow]:
     (cross-task pairing: the front model answers another task)."""
     if ctx.prep.front_data is not None:
         return []
-    labels, seed = ctx.prep.data.test.labels, ctx.spec.train.seed
+    return endpoint_rows(ctx, ctx.test_logits, ctx.prep.data.test.labels)
+
+
+def endpoint_rows(ctx: JobContext, logits: dict[str, Bank], labels: torch.Tensor
+                  ) -> list[UnstitchedRow]:
+    """Per direction of the spec, on one set of inputs: each model's logits on it by role."""
+    seed = ctx.spec.train.seed
     rows = []
     for direction in ctx.spec.direction_list():
         f, g = ctx.networks(direction)
-        h_logits, g_logits = ctx.test_logits[f.where].all(), ctx.test_logits[g.where].all()
+        h_logits, g_logits = logits[f.where].all(), logits[g.where].all()
         if h_logits.shape != g_logits.shape:
             return []
         scored = OUTPUTS[g.output].score(h_logits, g_logits, labels, seed)

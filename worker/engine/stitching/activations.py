@@ -85,6 +85,21 @@ def test_split(n: int) -> Work[SplitFn]:
     return Work(Units(forward=passes(n, EVAL_BATCH)), run)
 
 
+def probe_split(n: int) -> Work[Callable[[JobContext, Cut, int], Split]]:
+    """The k-th probe set's test split of n inputs, as test_split: a pass of the front part
+    (the reference's kept across jobs, as for the dataset), the back model's logits from the
+    job's opening."""
+
+    def run(ctx: JobContext, cut: Cut, k: int) -> Split:
+        probe, front = ctx.prep.probes[k], cut.f.front(cut.i)
+        pixels = probe.test.pixels
+        (inputs,) = ctx.model_compute(cut.f, f"front {cut.i}", test_inputs(probe.digest),
+                                      pixels, lambda x: (front(x),))
+        return Split(inputs, probe.test.labels, ctx.probe_logits[k][cut.g.where], [], pixels)
+
+    return Work(Units(forward=passes(n, EVAL_BATCH)), run)
+
+
 def images_split(n: int) -> Work[ImagesFn]:
     """A test split of n other images (e.g. with markers): a pass of both models on them."""
 
