@@ -16,6 +16,7 @@ from stitchsim.cli.jobs import (
     cmd_report,
 )
 from stitchsim.gates import AUTO, AUTO_FALSE_ALARMS, AUTO_FALSE_ALARMS_SOURCE, AUTO_K
+from stitchsim.probes import BUILTIN_PROBES
 
 
 def _escaped(text: str) -> str:
@@ -93,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="packing option for --dataset (size=64, test_fraction=0.3, unlabelled=true, "
         "label_column=fine_label, test=PATH ...; as `stitchsim dataset pack` takes them)",
+    )
+    s.add_argument(
+        "--probe", action="append", default=[], metavar="NAME_OR_PATH",
+        help="a probe set to evaluate every stitch on beside the dataset (repeatable): a "
+        f"built-in probe ({', '.join(BUILTIN_PROBES)}), any built-in dataset, a dataset id, "
+        "or a dataset to upload as --dataset takes it",
     )
     s.add_argument(
         "--layers",

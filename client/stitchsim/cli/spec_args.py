@@ -70,6 +70,8 @@ def spec_fields(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         fields = deep_merge(fields, loaded)
     if args.dataset:
         fields["dataset"] = args.dataset
+    if getattr(args, "probe", None):
+        fields["probes"] = list(args.probe)
     if args.layers:
         fields["layers"] = parse_layers(args.layers)
     for name in ("objectives", "protocols", "controls"):

@@ -46,6 +46,7 @@ from stitchsim.models import (
 )
 from stitchsim.packing import PackOptions, is_service_file, pack_dataset
 from stitchsim.packing.summary import human_size
+from stitchsim.probes import BUILTIN_PROBES
 from stitchsim.sdk.plans import Call, Plan
 
 # The CLI gives this logger a handler; a library user opts in with logging.basicConfig.
@@ -236,7 +237,7 @@ class ClientCore(ABC):
 
         # Validated once, with stand-in ids: no upload for a spec that cannot run. The ids the
         # service gives the uploads then replace the stand-ins; they are ids by construction.
-        trial = {**payload, **_dataset_placeholder(payload)}
+        trial = {**payload, **_dataset_placeholder(payload), **_probe_placeholders(payload)}
         if dataset_options and trial.get("dataset") != _PLACEHOLDER_ID:
             raise UsageError(
                 f"packing options apply to a dataset uploaded from a file or folder, but "
@@ -250,6 +251,9 @@ class ClientCore(ABC):
             # dataset must not cost two checkpoint uploads first (nor leave them stored).
             local = {side: _local_model(ref["checkpoint"], side, Path(tmp) / side)
                      for side, ref in refs.items()}
+            probes = [_local_dataset(_dataset_path(p), None, Path(tmp) / f"probe{n}")
+                      if _is_local_probe(p) else p
+                      for n, p in enumerate(payload.get("probes") or [])]
             dataset = payload.get("dataset")
             if "dataset" in payload and _is_dataset_path(dataset):
                 dataset = _local_dataset(_dataset_path(dataset), _pack_options(dataset_options),
@@ -263,6 +267,13 @@ class ClientCore(ABC):
                 dataset = (yield from self._plan_upload(DatasetInfo, "datasets", dataset)).id
             if "dataset" in payload:
                 ids["dataset"] = dataset
+            if "probes" in payload:
+                uploaded = []
+                for p in probes:
+                    if isinstance(p, Path):
+                        p = (yield from self._plan_upload(DatasetInfo, "datasets", p)).id
+                    uploaded.append(p)
+                ids["probes"] = uploaded
             return (yield from self._plan_submit(checked.model_copy(update=ids),
                                                  idempotency_key))
 
@@ -381,6 +392,21 @@ def _dataset_placeholder(payload: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(dataset, os.PathLike | Mapping) or _is_local_dataset(dataset):
         return {"dataset": _PLACEHOLDER_ID}
     return {}
+
+
+def _is_local_probe(probe: Any) -> bool:
+    """A probe given as a file or folder here: uploaded (packed first) like a dataset."""
+    return (isinstance(probe, os.PathLike)
+            or (_is_local_dataset(probe) and probe not in BUILTIN_PROBES))
+
+
+def _probe_placeholders(payload: Mapping[str, Any]) -> dict[str, Any]:
+    """Stand-in ids for local probes, one each (probe names must not repeat)."""
+    probes = payload.get("probes")
+    if not isinstance(probes, list) or not any(_is_local_probe(p) for p in probes):
+        return {}
+    return {"probes": [f"sha256:{n + 1:012x}" + "0" * 52 if _is_local_probe(p) else p
+                       for n, p in enumerate(probes)]}
 
 
 def _pack_options(options: PackOptions | Mapping[str, Any] | None) -> PackOptions | None:
