@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from stitchsim.models import Report
+from stitchsim.models import Report, ResultRow
 
 Bad = Literal["low", "high"]
 """Which side of a figure is drift: every figure a check reports today is an agreement or a
@@ -58,9 +58,13 @@ def _point(front: str, back: str) -> str:
 def _agreements(report: Report) -> Iterator[NamedFigure]:
     """Per protocol, direction and stitch point (and alpha, for adversarial arms): the mean
     agreement over objectives, the figure the similarity averages."""
+    return _pooled_agreements(report.results, {})
+
+
+def _pooled_agreements(rows: list[ResultRow], extra: dict[str, str]) -> Iterator[NamedFigure]:
     pooled: dict[tuple[tuple[str, str], ...], list[float]] = {}
-    for r in report.results:
-        labels = {"protocol": r.protocol, "direction": r.direction,
+    for r in rows:
+        labels = {**extra, "protocol": r.protocol, "direction": r.direction,
                   "point": _point(r.front_layer, r.back_layer)}
         if r.alpha is not None:
             labels["alpha"] = f"{r.alpha:g}"
@@ -103,9 +107,21 @@ def _measures(report: Report) -> Iterator[NamedFigure]:
             yield figure
 
 
+def _probes(report: Report) -> Iterator[NamedFigure]:
+    """Each probe set's figures, labelled with its name: the agreements as on the clean set,
+    the endpoint per direction and the candidate's accuracy on the probe (where labelled)."""
+    for probe in report.probes:
+        yield from _pooled_agreements(probe.results, {"probe": probe.name})
+        for row in probe.unstitched_agreement:
+            yield named("endpoint_agreement", row.agreement, direction=row.direction,
+                        probe=probe.name)
+        if probe.back_accuracy is not None:
+            yield named("accuracy", probe.back_accuracy, probe=probe.name)
+
+
 FigureSource = Callable[[Report], Iterable[NamedFigure]]
 FIGURE_SOURCES: list[FigureSource] = [_agreements, _similarity, _accuracy, _endpoints,
-                                      _measures]
+                                      _measures, _probes]
 """Where figures come from, in the order they are listed."""
 
 
