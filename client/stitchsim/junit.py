@@ -62,8 +62,14 @@ def report_to_junit(
             + breakdown
         )
 
+    # Each probe set a case of its own: its figures fail only through a gate (the gate cases).
+    for line in view.probe_lines(report):
+        case = ET.SubElement(cases, "testcase", classname=f"stitchsim.probe.{line.name}",
+                             name=f"probe {line.name}", time="0")
+        ET.SubElement(case, "system-out").text = view.probe_text(line) + "\n"
+
     # Never let the file pass while the service's verdict (and so the exit code) says fail.
-    tests = len(figures)
+    tests = len(figures) + len(report.probes)
     errors = 0
     if outcome is not None:
         tests, failures = tests + _gate_cases(cases, outcome), failures + sum(

@@ -4,7 +4,7 @@ per-point figures (<details>, which GitHub and GitLab render)."""
 
 from __future__ import annotations
 
-from stitchsim import catalogue
+from stitchsim import catalogue, view
 from stitchsim.gates import Outcome, point_agreements, point_name
 from stitchsim.models import Report
 
@@ -28,7 +28,7 @@ def outcome_markdown(report: Report, outcome: Outcome, *, title: str = "stitchsi
     lines += ["| gate | status | detail |", "| --- | --- | --- |"]
     lines += [f"| {_cell(g.name)} | {_WORDS[g.status]} | {_cell(g.message)} |"
               for g in outcome.gates] or ["| (none) | | no gate was asked for |"]
-    lines += ["", *_points(report), *_bands(outcome), ""]
+    lines += ["", *_points(report), *_probes(report), *_bands(outcome), ""]
     dataset = report.dataset.get("id", report.spec.dataset)
     lines += [f"Models: reference `{_short(report.front.checkpoint)}` ({report.front.arch}, "
               f"accuracy {report.front.accuracy:.3f}), candidate "
@@ -57,6 +57,21 @@ def _points(report: Report) -> list[str]:
              "| stitch point | agreement |", "| --- | --- |"]
     lines += [f"| {_cell(point_name(k))} | {v:.4f} |" for k, v in points.items()]
     return [*lines, "", "</details>"]
+
+
+def _probes(report: Report) -> list[str]:
+    """Each probe set in a row: where a latent shortcut would show."""
+    lines = view.probe_lines(report)
+    if not lines:
+        return []
+    out = ["<details open><summary>Probe sets</summary>", "",
+           "| probe | images | reference accuracy | candidate accuracy | endpoint agreement "
+           "| stitched agreement |", "| --- | --- | --- | --- | --- | --- |"]
+    out += [f"| {_cell(p.name)} | {p.samples} | {view.fmt(p.reference_accuracy)} | "
+            f"{view.fmt(p.candidate_accuracy)} | {view.fmt(p.endpoint)} | "
+            + _cell(", ".join(f"{k} {v:.3f}" for k, v in p.by_protocol.items())) + " |"
+            for p in lines]
+    return [*out, "", "</details>"]
 
 
 def _bands(outcome: Outcome) -> list[str]:

@@ -201,6 +201,21 @@ def iri_lines(report: Report) -> list[str]:
     return _align(headers, rows, numeric={2, 3, 5, 6})
 
 
+def probe_lines(report: Report) -> list[str]:
+    """Each probe set: the models alone on it, then its stitch rows and endpoint as the clean
+    set's (the same tables, on the probe's rows)."""
+    lines: list[str] = []
+    for probe, line in zip(report.probes, view.probe_lines(report), strict=True):
+        on_probe = report.model_copy(update={"results": probe.results,
+                                             "unstitched_agreement": probe.unstitched_agreement})
+        lines += ["", f"probe {_clean(probe.name)} ({line.samples} images): accuracy front "
+                  f"{view.fmt(probe.front_accuracy)}, back {view.fmt(probe.back_accuracy)}"]
+        lines += results_lines(on_probe)
+        if probe.unstitched_agreement:
+            lines += [f"no stitch on probe {_clean(probe.name)}"] + unstitched_lines(on_probe)
+    return lines
+
+
 def format_table(report: Report) -> str:
     """The whole report as aligned plain text; the verdict is the last line."""
     lines = [*_model_lines("front", report), *_model_lines("back", report), ""]
@@ -208,6 +223,7 @@ def format_table(report: Report) -> str:
     if report.unstitched_agreement:
         lines += ["", "no stitch (whole models against each other: the endpoint)"]
         lines += unstitched_lines(report)
+    lines += probe_lines(report)
     if report.controls:
         lines += ["", "controls"] + controls_lines(report)
     if any(r.iri is not None for r in report.results):

@@ -494,3 +494,40 @@ def measure_sentence(report: Report) -> str:
             f"{catalogue.MEASURES.label(m)} {DIRECTION_LABEL[d]}" for m, d in weaker.items()
         ) + "."
     return text
+
+
+@dataclass(frozen=True)
+class ProbeLine:
+    """One probe set in a line: the two models alone on it, their endpoint agreement (the
+    weaker direction) and the stitches' mean agreement per protocol (each direction's mean,
+    the weaker one), as every rendering shows it."""
+
+    name: str
+    samples: int
+    reference_accuracy: float | None
+    candidate_accuracy: float | None
+    endpoint: float | None
+    by_protocol: dict[str, float]
+
+
+def probe_lines(report: Report) -> list[ProbeLine]:
+    out = []
+    for p in report.probes:
+        ends = [u.agreement for u in p.unstitched_agreement]
+        means: dict[str, dict[str, list[float]]] = {}
+        for r in p.results:
+            means.setdefault(r.protocol, {}).setdefault(r.direction, []).append(r.agreement)
+        by_protocol = {proto: min(sum(v) / len(v) for v in per.values())
+                       for proto, per in means.items()}
+        out.append(ProbeLine(p.name, int(p.dataset.get("n_test", 0)), p.front_accuracy,
+                             p.back_accuracy, min(ends) if ends else None, by_protocol))
+    return out
+
+
+def probe_text(line: ProbeLine) -> str:
+    """The probe's line in words, for the JUnit output and the Markdown."""
+    stitched = ", ".join(f"{catalogue.PROTOCOLS.label(k)} {v:.3f}"
+                         for k, v in line.by_protocol.items())
+    return (f"probe {line.name} ({line.samples} images): accuracy reference "
+            f"{fmt(line.reference_accuracy)}, candidate {fmt(line.candidate_accuracy)}; "
+            f"endpoint agreement {fmt(line.endpoint)}; mean stitched agreement {stitched}")
