@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from stitchsim.calibration import GateFile, dataset_of, spec_of
+from stitchsim.datasets import BUILTIN
 from stitchsim.errors import UsageError
 from stitchsim.figures import report_figures
 from stitchsim.gates import BenignBand, Gate, Outcome, method_of
@@ -23,13 +24,16 @@ from stitchsim.jsondepth import MAX_JSON_DEPTH, nested_deeper_than
 from stitchsim.method import differences, planned_differences
 from stitchsim.models import Report
 from stitchsim.models.report import report_digest
+from stitchsim.probes import BUILTIN_PROBES
 from stitchsim.validation import field_errors, summary
 
 MAX_GATE_BYTES = 16 * 1024 * 1024
 """A gate of 64 stitch points x 4 protocols x 2 directions over 100 retrains is under 1 MB."""
-SPEC_BEYOND_METHOD = ("measures", "measure_settings", "class_pairing")
+SPEC_BEYOND_METHOD = ("measures", "measure_settings", "class_pairing", "probes")
 """Spec fields that decide which figures a check reports without moving the similarity (so
 they are not in the method record), and that a gate therefore must share."""
+_BEFORE = {"probes": []}
+"""What a gate file written before a field existed held for it."""
 _EPS = 1e-9
 
 
@@ -100,9 +104,22 @@ def precheck(gate: GateFile, source: str, reference: str | None, dataset: str | 
     if planned:
         found += _worded(planned_differences(gate.method.settings, planned))
     for key in SPEC_BEYOND_METHOD:
-        if key in fields and fields[key] != gate.spec.get(key):
-            found.append(f"{key}: gate {gate.spec.get(key)}, this check {fields[key]}")
+        if key == "probes" and not _named_probes(fields.get(key)):
+            continue  # files still to upload: compared by id once the check has run
+        if key in fields and fields[key] != _gate_spec(gate, key):
+            found.append(f"{key}: gate {_gate_spec(gate, key)}, this check {fields[key]}")
     _refuse(source, found)
+
+
+def _gate_spec(gate: GateFile, key: str) -> Any:
+    return gate.spec.get(key, _BEFORE.get(key))
+
+
+def _named_probes(probes: Any) -> bool:
+    """Whether every probe is given by a name or id the gate file can hold as it is."""
+    return isinstance(probes, list) and all(
+        isinstance(p, str) and (p in BUILTIN_PROBES or p in BUILTIN or p.startswith("sha256:"))
+        for p in probes)
 
 
 def refuse_unless_fits(gate: GateFile, report: Report, source: str) -> None:
@@ -115,8 +132,8 @@ def refuse_unless_fits(gate: GateFile, report: Report, source: str) -> None:
         found.append(f"dataset: gate {gate.dataset}, this check {dataset_of(report)}")
     found += _worded(differences(gate.method, method_of(report)))
     spec = spec_of(report)
-    found += [f"{k}: gate {gate.spec.get(k)}, this check {spec.get(k)}"
-              for k in SPEC_BEYOND_METHOD if gate.spec.get(k) != spec.get(k)]
+    found += [f"{k}: gate {_gate_spec(gate, k)}, this check {spec.get(k)}"
+              for k in SPEC_BEYOND_METHOD if _gate_spec(gate, k) != spec.get(k)]
     _refuse(source, found)
 
 

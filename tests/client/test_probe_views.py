@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from stitchsim.calibration import calibrate
 from stitchsim.figures import report_figures
 from stitchsim.gates import Outcome
@@ -56,3 +57,21 @@ def test_the_table_markdown_and_junit_show_the_probe() -> None:
     junit = report_to_junit(report)
     assert 'classname="stitchsim.probe.digits_marker_conflict"' in junit
     assert "candidate 0.040" in junit
+
+
+def test_a_gate_calibrated_with_a_probe_refuses_a_check_without_it() -> None:
+    from stitchsim.gatefile import GateRefused, evaluate, precheck
+
+    def probed(r: Report) -> Report:
+        spec = r.spec.model_copy(update={"probes": ["digits_marker_conflict"]})
+        return with_probe(r).model_copy(update={"spec": spec})
+
+    reports = benign()
+    gate = calibrate([probed(r) for r in reports[1:]])
+    candidate = reports[0]
+    with pytest.raises(GateRefused, match="probes: gate"):
+        evaluate(candidate, gate)
+    with pytest.raises(GateRefused, match="probes: gate"):
+        precheck(gate, "gate", None, None, {}, {"probes": ["digits_marker_swapped"]})
+    precheck(gate, "gate", None, None, {}, {"probes": ["./my_probe/"]})  # compared after the run
+    assert evaluate(probed(candidate), gate).status in ("pass", "fail", "warn")
