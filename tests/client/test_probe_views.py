@@ -75,3 +75,4 @@ def test_a_gate_calibrated_with_a_probe_refuses_a_check_without_it() -> None:
         precheck(gate, "gate", None, None, {}, {"probes": ["digits_marker_swapped"]})
     precheck(gate, "gate", None, None, {}, {"probes": ["./my_probe/"]})  # compared after the run
     assert evaluate(probed(candidate), gate).status in ("pass", "fail", "warn")
+

@@ -44,6 +44,7 @@ def render_report_page(report: Report) -> str:
         outputs_section(report),
         sections.summary_section(report),
         sections.agreement_section(report, agreement),
+        sections.probes_section(report),
         measures_section(report, measured),
         sections.controls_section(report),
         sections.iri_section(report, iri),

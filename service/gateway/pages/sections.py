@@ -239,6 +239,33 @@ def _unstitched_table(report: Report) -> str:
             + table(cols, rows, "unstitched-table"))
 
 
+def probes_section(report: Report) -> str:
+    """Each probe set: the models alone and whole on it, then every stitch's figures on it."""
+    lines = view.probe_lines(report)
+    if not lines:
+        return ""
+    cols = [Col("probe"), Col("images", True), Col("reference accuracy", True),
+            Col("candidate accuracy", True), Col("endpoint agreement", True),
+            *[Col(f"{PROTOCOLS.label(k)} agreement", True) for k in lines[0].by_protocol]]
+    rows = [[esc(p.name), str(p.samples), _maybe(p.reference_accuracy),
+             _maybe(p.candidate_accuracy), _maybe(p.endpoint),
+             *[fmt(v) for v in p.by_protocol.values()]] for p in lines]
+    parts = [table(cols, rows, "probes-table")]
+    for k, probe in enumerate(report.probes):
+        columns = view.figure_columns(probe.results)
+        rcols = [Col("direction"), Col("stitch point"), Col("objective"), Col("protocol"),
+                 *_figure_cols(columns)]
+        rrows = [[DIRECTION_LABEL[r.direction], stitch_cell(r), r.objective, _protocol_cell(r),
+                  *_figure_cells(r, columns)] for r in probe.results]
+        parts.append(f"<h3>Probe {esc(probe.name)}</h3>"
+                     + table(rcols, rrows, f"probe-{k}-results", wide=True))
+    return ('<section id="probes"><h2>Probe sets</h2><p>The same stitches, trained on the '
+            "dataset as above, evaluated on each probe set: inputs where a latent shortcut "
+            "would show (a cue the clean test split lacks). Endpoint agreement: the two whole "
+            "models on the probe, the weaker direction; agreement per protocol: the mean over "
+            "stitch points, the weaker direction.</p>" + "".join(parts) + "</section>")
+
+
 def controls_section(report: Report) -> str:
     if not report.controls:
         bands = json.dumps([c.name for c in catalogue.CONTROLS if c.band is not None])
