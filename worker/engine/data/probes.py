@@ -73,7 +73,7 @@ def check_probe(probe: Probe, data: Dataset) -> None:
         raise Failure("invalid_dataset",
                       f"probe {probe.name} has no test images: a probe runs on its test split; "
                       "put the probe's images there", {"probe": probe.name})
-    shape, want = tuple(probe.test.pixels.shape[1:]), tuple(data.test.pixels.shape[1:])
+    shape, want = tuple(probe.test.pixels.shape), tuple(data.test.pixels.shape)  # per image
     if shape != want:
         raise Failure("invalid_dataset",
                       f"probe {probe.name} has images of shape {list(shape)} (channels, height, "
