@@ -34,6 +34,7 @@ add --gate "${STITCHSIM_ACTION_GATE:-}"
 add --max-drop "${STITCHSIM_ACTION_MAX_DROP:-}"
 add --max-relative-drop "${STITCHSIM_ACTION_MAX_RELATIVE_DROP:-}"
 add --warn-below "${STITCHSIM_ACTION_WARN_BELOW:-}"
+for probe in ${STITCHSIM_ACTION_PROBES:-}; do args+=(--probe "$probe"); done
 if [ -n "${STITCHSIM_ACTION_ARGS:-}" ]; then
   # Extra arguments as the workflow writes them (shell quoting applies).
   eval "extra=(${STITCHSIM_ACTION_ARGS})"
