@@ -48,7 +48,8 @@ check() {  # name, front, back, extra options...
 echo "== 1. stitchsim check reference retrained: the same model trained from another seed"
 check seeds reference retrained
 echo "== 2. stitchsim check shortcut reference: a model trained with a class-coloured marker"
-check shortcut shortcut reference --dataset digits_marker
+# The conflict probe: the same digits, each with another class's marker (report.probes).
+check shortcut shortcut reference --dataset digits_marker --probe digits_marker_conflict
 
 echo "== what the two reports show"
 python3 scripts/demo_findings.py "$demo/seeds.json" "$demo/shortcut.json" || true
