@@ -23,7 +23,9 @@ the similarity, the accuracy and the endpoint; on the probe the candidate's accu
 (no stitching), the endpoint and the stitched agreement. Whether stitching on the probe catches
 a dose that probe accuracy alone misses is read off the table.
 
-    nice -n 19 python bench/probe_power.py --out /tmp/probe --reseeds 3   # reduced
+    nice -n 19 python bench/probe_power.py --out /tmp/probe --epochs 4 --reseeds 2 \
+        --marker-doses 0.05 0.25 0.5 1.0                                    # reduced
+    nice -n 19 python bench/probe_power.py --out /tmp/probe --reseeds 5     # full
 Figures: docs/benchmarks.md ("probe power").
 """
 
@@ -33,6 +35,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +164,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--family", default="resnet_stem", choices=list(FAMILIES))
+    ap.add_argument("--epochs", type=int, help="training epochs of every model (default: the "
+                    "family's); a reduced run on a loaded CPU")
     ap.add_argument("--reseeds", type=int, default=3, help="benign reseeds beside the retrain")
     ap.add_argument("--marker-doses", type=float, nargs="+", default=list(MARKER_DOSES))
     ap.add_argument("--protocols", default="standard", help="comma-separated")
@@ -168,6 +173,9 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     fam, out = FAMILIES[args.family], args.out
+    if args.epochs is not None:
+        fam = replace(fam, epochs=args.epochs)
+        out = out / f"epochs{args.epochs}"
     out.mkdir(parents=True, exist_ok=True)
     protocols = args.protocols.split(",")
     t0 = time.time()
@@ -184,7 +192,7 @@ def main() -> None:
                       **check(out, fam, ref, name, back, probe, protocols)}
         print(name, {k: round(v, 3) for k, v in rows[name].items()
                      if isinstance(v, float)}, flush=True)
-    result = {"family": args.family, "protocols": protocols, "reseeds": args.reseeds,
+    result = {"family": args.family, "epochs": fam.epochs, "protocols": protocols, "reseeds": args.reseeds,
               "seconds": round(time.time() - t0), **gates(rows)}
     print(table(result))
     if args.json:
