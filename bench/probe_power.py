@@ -192,7 +192,8 @@ def main() -> None:
                       **check(out, fam, ref, name, back, probe, protocols)}
         print(name, {k: round(v, 3) for k, v in rows[name].items()
                      if isinstance(v, float)}, flush=True)
-    result = {"family": args.family, "epochs": fam.epochs, "protocols": protocols, "reseeds": args.reseeds,
+    result = {"family": args.family, "epochs": fam.epochs, "protocols": protocols,
+              "reseeds": args.reseeds,
               "seconds": round(time.time() - t0), **gates(rows)}
     print(table(result))
     if args.json:
