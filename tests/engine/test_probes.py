@@ -114,3 +114,19 @@ def test_a_probe_that_cannot_run_is_refused_at_the_check_naming_it(
     name = ref if ref not in files else f"{ref}.safetensors"
     assert err.value.code == code and f"probe {name}" in err.value.message
     assert err.value.details["probe"] == name
+
+
+def test_a_job_whose_probe_fails_to_load_fails_whole_naming_it(
+    untrained: Untrained, tmp_path: Path,
+) -> None:
+    """At run time (the file gone since the check): the job fails as it prepares, before any
+    work, with the probe's name; no report exists to be half-stored."""
+    gone = tmp_path / "gone.safetensors"
+    s = spec(untrained.front, untrained.back,
+             **{**PROBE_SPEC, "dataset": "digits", "probes": [{"path": str(gone)}]})
+    with pytest.raises(Failure) as err:
+        run(s, tmp_path / "cache")
+    assert "probe gone.safetensors" in err.value.message
+    # Nothing of the job was kept: no activations, no IRIs, no reference cache entry.
+    kept = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+    assert kept == []
