@@ -10,6 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from stitchsim import view
 from stitchsim.models import Report, ResultRow
 
 
@@ -34,6 +35,8 @@ def describe(title: str, report: Report) -> list[str]:
             f"{iri.steps_used or 0:.0f} steps/sample)")
         lines.append(f"  {layer:<8} standard {std.agreement:.2f}   invariance-aware "
                      f"{aware.agreement:.2f}{conv}")
+    # A probe set shows what the clean data cannot: where the models part on the cue.
+    lines += [f"  {view.probe_text(line)}" for line in view.probe_lines(report)]
     return lines
 
 
