@@ -73,9 +73,11 @@ class Settings(BaseSettings):
         default=2_000_000_000, ge=1, description="parameters a model of a spec may have, "
         "counted on the meta device before anything is allocated (422 model_too_large)")
     max_model_modules: int = Field(
-        default=20_000, ge=1, description="modules a model of a spec may have (timm's largest "
-        "have ~1,200); the spec check's build stops past it (422 model_too_large), so a config "
-        "asking for 100,000 layers costs a check worker milliseconds, not minutes")
+        default=2_500, ge=1, description="modules a model of a spec may have (timm's largest "
+        "have ~1,200); a config whose layer fields alone ask for more (3 modules a layer at "
+        "least) is refused before it is built, and the spec check's build stops past it (422 "
+        "model_too_large), so a legal but deep config costs a check worker well under a "
+        "second, not its time limit")
     max_job_units: int | None = Field(
         default=1_000_000, ge=1, description="work units (about one batch through a network "
         "part; a default 4-point digits job in both directions and protocols is ~12k) a job "
