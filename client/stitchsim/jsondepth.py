@@ -68,7 +68,7 @@ def non_finite(value: Any) -> tuple[str, float] | None:
     while stack:
         item, path = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
-            return path or "the value", item
+            return path, item
         if isinstance(item, dict):
             stack.extend((v, f"{path}.{k}" if path else str(k)) for k, v in item.items())
         elif isinstance(item, list):
@@ -85,8 +85,10 @@ def check_parsed(value: Any, what: str) -> Any:
     if nested_deeper_than(value):
         raise JSONInputError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
     bad = non_finite(value)
-    if bad is not None:
-        raise JSONInputError(f"{what}: {finite_message(*bad)}")
+    if bad is not None:  # `iri.converged_below is inf`, or `--set iri.converged_below is inf`
+        field, number = bad
+        raise JSONInputError(f"{what}: {finite_message(field, number)}" if field
+                             else finite_message(what, number))
     return value
 
 
@@ -110,7 +112,10 @@ def parse_json(text: str | bytes, what: str) -> Any:
 
 def parse_toml(text: str, what: str) -> dict[str, Any]:
     """parse_json's bounds for a TOML text (its inf and nan are refused alike)."""
-    import tomllib
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: config.py made sure tomli is there
+        import tomli as tomllib  # type: ignore[no-redef]
 
     if text_deeper_than(text):
         raise JSONInputError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
