@@ -109,9 +109,10 @@ class Settings(BaseSettings):
         "of the process that runs spec checks: a spec that gets past the estimates still "
         "cannot take the host's memory")
     max_pending_checks_per_key: int = Field(
-        default=2, ge=1, description="spec checks one key may have waiting at once, across "
+        default=1, ge=1, description="spec checks one key may have waiting at once, across "
         "every gateway process sharing the job table (429 too_many_checks beyond): one key's "
-        "slow specs cannot fill the checks queue ahead of another key's")
+        "slow specs cannot fill the checks queue ahead of another key's; at 1, another key's "
+        "valid spec waits behind at most one check's time limit (STITCHSIM_CHECK_TIMEOUT_S)")
     job_time_limit_s: int = Field(default=4 * 3600, ge=10)
     visibility_timeout_s: int | None = Field(
         default=None, description="Redis redelivery timeout; default time limit + 1 h"
