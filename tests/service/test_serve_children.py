@@ -118,12 +118,12 @@ def test_a_job_killed_with_serve_is_requeued_at_the_restart(service_factory, ckp
     started = time.monotonic()
     with svc.client() as c:
         status = c.get(f"/jobs/{running}").json()
-        while status["attempts"] < 2 and status.get("stage") != "requeued":
+        while status["attempts"] < 2 and status["progress"]["stage"] != "requeued":
             assert time.monotonic() - started < 30, status  # not the 600 s heartbeat window
             time.sleep(0.2)
             status = c.get(f"/jobs/{running}").json()
         took = time.monotonic() - started
         c.delete(f"/jobs/{running}")
     print(f"job killed with serve: requeued {took:.1f} s after the restarted service was ready "
-          f"(state {status['state']}, stage {status.get('stage')}, attempts "
+          f"(state {status["state"]}, stage {status["progress"]["stage"]}, attempts "
           f"{status['attempts']})")
