@@ -125,5 +125,5 @@ def test_a_job_killed_with_serve_is_requeued_at_the_restart(service_factory, ckp
         took = time.monotonic() - started
         c.delete(f"/jobs/{running}")
     print(f"job killed with serve: requeued {took:.1f} s after the restarted service was ready "
-          f"(state {status["state"]}, stage {status["progress"]["stage"]}, attempts "
+          f"(state {status['state']}, stage {status['progress']['stage']}, attempts "
           f"{status['attempts']})")
