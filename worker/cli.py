@@ -265,6 +265,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
                     exc)
         name_lock = None
     watch_lifeline(settings.shutdown_grace_s)
+    if name_lock is not None and "gpu" in args.queues.split(","):
+        _requeue_own_jobs(settings, name)
     from stitchsim_worker.celery_app import QUEUES_ENV
 
     # Read by the pool children: a checks-only worker runs under the checks' memory limit.
@@ -286,6 +288,23 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if name_lock is not None:
             name_lock.close()
     return 0
+
+
+def _requeue_own_jobs(settings: Any, name: str) -> None:
+    """Jobs still marked running under this node name lost their process (a killed serve):
+    this one holds the name, so none of them runs anywhere."""
+    from stitchsim_service.core.context import Context
+    from stitchsim_service.core.reaper import requeue_node_once
+
+    try:
+        ctx = Context.open(settings, with_queue=True)
+        n = requeue_node_once(ctx, name)
+    except Exception as exc:  # noqa: BLE001 - the reaper requeues them later anyway
+        log.warning("could not requeue the jobs %s was running: %s", name, exc)
+        return
+    if n:
+        log.warning("requeued %d job(s) %s was running when its previous process died", n,
+                    name)
 
 
 def cmd_keys(args: argparse.Namespace) -> int:

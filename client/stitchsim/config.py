@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from stitchsim.errors import UsageError
+from stitchsim.jsondepth import JSONInputError, parse_toml
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 PROJECT_FILE = "stitchsim.toml"
@@ -182,13 +183,15 @@ def _read_toml(path: Path) -> dict[str, Any]:
                 f"{path}: reading config files needs Python 3.11+ or the tomli package; "
                 "use flags or STITCHSIM_* variables instead"
             ) from None
+    del tomllib  # parse_toml reads it with the depth and finite-number bounds
     try:
-        with path.open("rb") as fh:
-            return tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML: {exc}") from None
+        text = path.read_bytes().decode("utf-8", "replace")
     except OSError as exc:
         raise UsageError(f"{path}: cannot read: {exc}") from None
+    try:
+        return parse_toml(text, str(path))
+    except JSONInputError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:

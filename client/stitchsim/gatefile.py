@@ -10,7 +10,6 @@ baseline is (stitchsim.gates).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,7 +19,7 @@ from stitchsim.datasets import BUILTIN
 from stitchsim.errors import UsageError
 from stitchsim.figures import report_figures
 from stitchsim.gates import BenignBand, Gate, Outcome, method_of
-from stitchsim.jsondepth import MAX_JSON_DEPTH, nested_deeper_than
+from stitchsim.jsondepth import JSONInputError, parse_json
 from stitchsim.method import differences, planned_differences
 from stitchsim.models import Report
 from stitchsim.models.report import report_digest
@@ -44,23 +43,16 @@ class GateRefused(UsageError):
     code = "gate_refused"
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a number JSON allows")
-
-
 def read_gate(text: str, name: str) -> GateFile:
     """A gate file's content, refused (GateRefused) unless it is a gate as calibrated."""
     if len(text) > MAX_GATE_BYTES:
         raise GateRefused(f"gate {name} is larger than {MAX_GATE_BYTES:,} bytes: not a gate "
                           "file `stitchsim calibrate` writes")
     try:
-        data: Any = json.loads(text, parse_constant=_no_constant)
-    except (ValueError, RecursionError) as exc:
-        raise GateRefused(f"gate {name} is not valid JSON ({str(exc)[:120]}); it was "
-                          "truncated or edited: calibrate again") from None
-    if nested_deeper_than(data, MAX_JSON_DEPTH):
-        raise GateRefused(f"gate {name} nests more than {MAX_JSON_DEPTH} levels deep: not a "
-                          "gate file `stitchsim calibrate` writes")
+        data: Any = parse_json(text, f"gate {name}")
+    except JSONInputError as exc:
+        raise GateRefused(f"{str(exc)[:200]}: not a gate file `stitchsim calibrate` writes; "
+                          "it was truncated or edited: calibrate again") from None
     if not isinstance(data, dict):
         raise GateRefused(f"gate {name} must hold a JSON object")
     try:

@@ -11,7 +11,6 @@ that differs named.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -20,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from stitchsim import catalogue
 from stitchsim.caveats import caveats_of
 from stitchsim.errors import UsageError
+from stitchsim.jsondepth import JSONInputError, parse_json
 from stitchsim.method import differences, method_settings
 from stitchsim.models import Caveat, MethodRecord, Report
 from stitchsim.models.report import report_digest
@@ -87,7 +87,10 @@ def baseline_from_file(text: str, name: str) -> tuple[Report, bool]:
     """A baseline report file, refused when a figure is out of bounds or when it was changed
     after the engine wrote it (its `digest` no longer matches its content); (report, whether a
     digest vouched for it: False for a report of a service before digests)."""
-    data: Any = json.loads(text)
+    try:
+        data: Any = parse_json(text, f"baseline {name}")
+    except JSONInputError as exc:
+        raise BaselineRefused(f"{exc}; use the report as the service wrote it") from None
     report = Report.model_validate(data)
     try:
         _BaselineFigures.model_validate(data)

@@ -26,17 +26,29 @@ def field_name(loc: Iterable[Any]) -> str:
     return ".".join(str(part) for part in loc if part not in _NOT_A_FIELD)
 
 
+def _message(error: Mapping[str, Any]) -> str:
+    if error.get("type") == "finite_number":  # the form every reader of numbers uses
+        return f"is {error.get('input')}: only finite numbers"
+    return str(error.get("msg", ""))
+
+
 def field_errors(errors: Iterable[Mapping[str, Any]]) -> list[dict[str, str]]:
     """Pydantic's errors (`ValidationError.errors()`) as `{field, message, type}`."""
-    return [{"field": field_name(e.get("loc", ())), "message": str(e.get("msg", "")),
+    return [{"field": field_name(e.get("loc", ())), "message": _message(e),
              "type": str(e.get("type", ""))} for e in errors]
+
+
+def _joined(field: Mapping[str, str]) -> str:
+    if not field["field"]:
+        return field["message"]
+    return f"{field['field']}{' ' if field['message'].startswith('is ') else ': '}" \
+        f"{field['message']}"
 
 
 def summary(fields: Sequence[Mapping[str, str]], shown: int = SHOWN) -> str:
     """`train.epochs: Input should be ...; protocols.1: ...`: the first `shown`, then how many
     more there are."""
-    parts = [f"{f['field']}: {f['message']}" if f["field"] else f["message"]
-             for f in fields[:shown]]
+    parts = [_joined(f) for f in fields[:shown]]
     more = f" (and {len(fields) - shown} more)" if len(fields) > shown else ""
     return "; ".join(parts) + more
 

@@ -35,6 +35,7 @@ from stitchsim_service.core.context import Context
 from stitchsim_service.core.db import JobRow, utcnow
 from stitchsim_service.core.errors import NotFoundError
 from stitchsim_service.core.nowait import BUSY
+from stitchsim_service.core.settings import Settings
 from stitchsim_service.core.store import is_job_id
 
 log = logging.getLogger("stitchsim.jobs")
@@ -409,7 +410,6 @@ def reap(ctx: Context, *, broker_empty: bool = False) -> list[tuple[str, int]]:
     """
     s_ = ctx.settings
     cutoff = utcnow() - timedelta(seconds=s_.stale_after_s)
-    out: list[tuple[str, int]] = []
     lost = [
         and_(JobRow.state == "running", JobRow.heartbeat_at < cutoff),
         and_(JobRow.state == "queued", JobRow.delivered_at < cutoff),
@@ -424,30 +424,48 @@ def reap(ctx: Context, *, broker_empty: bool = False) -> list[tuple[str, int]]:
         rows = list(s.scalars(q))
         now = utcnow()
         _fail_not_picked_up(ctx, s, now)
-        for row in rows:
-            if row.state == "failed":  # not picked up, just now
-                continue
-            if row.cancel_requested:
-                _finish_row(row, "cancelled", now)
-                row.stage = "cancelled"
-                continue
-            if row.attempts >= s_.max_attempts and row.state == "running":
-                _fail_row(row, Failure(
-                    "attempts_exhausted",
-                    f"gave up after {row.attempts} attempts: the worker stopped responding "
-                    "each time (killed, out of memory, or the machine went away)"), now)
-                continue
-            log.warning("requeueing job %s (state %s, attempts %s)", row.id, row.state,
-                        row.attempts)
-            if not (row.state == "queued" and row.stage == "requeued"):
-                # Sent again and again without being started: the pickup clock keeps running
-                # from the first time (_fail_not_picked_up).
-                row.enqueued_at = now
-            row.state = "queued"
-            row.stage = "requeued"
-            row.delivered_at = None
-            row.heartbeat_at = None
-            out.append((row.id, row.attempts))
+        out = _requeue_lost(rows, s_, now)
+    return out
+
+
+def requeue_node(ctx: Context, node: str) -> list[tuple[str, int]]:
+    """Put back in the queue state, at once, the jobs a worker node was running when its
+    previous process died (`serve` killed): the caller holds the node's name (no other live
+    process has it), so they are lost for sure, with no heartbeat to wait out. Returns
+    (job_id, attempts) for the caller to send again, as reap does."""
+    with ctx.db.write() as s:
+        rows = list(s.scalars(select(JobRow).where(JobRow.state == "running",
+                                                    JobRow.worker == node).limit(100)))
+        return _requeue_lost(rows, ctx.settings, utcnow())
+
+
+def _requeue_lost(rows: list[JobRow], s_: Settings, now: datetime) -> list[tuple[str, int]]:
+    """Lost jobs back to queued (stage requeued), cancelled or failed (attempts spent)."""
+    out: list[tuple[str, int]] = []
+    for row in rows:
+        if row.state == "failed":  # not picked up, just now
+            continue
+        if row.cancel_requested:
+            _finish_row(row, "cancelled", now)
+            row.stage = "cancelled"
+            continue
+        if row.attempts >= s_.max_attempts and row.state == "running":
+            _fail_row(row, Failure(
+                "attempts_exhausted",
+                f"gave up after {row.attempts} attempts: the worker stopped responding "
+                "each time (killed, out of memory, or the machine went away)"), now)
+            continue
+        log.warning("requeueing job %s (state %s, attempts %s)", row.id, row.state,
+                    row.attempts)
+        if not (row.state == "queued" and row.stage == "requeued"):
+            # Sent again and again without being started: the pickup clock keeps running
+            # from the first time (_fail_not_picked_up).
+            row.enqueued_at = now
+        row.state = "queued"
+        row.stage = "requeued"
+        row.delivered_at = None
+        row.heartbeat_at = None
+        out.append((row.id, row.attempts))
     return out
 
 

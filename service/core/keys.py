@@ -8,24 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import re
 import secrets
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from stitchsim.keyredact import KEY_PREFIX, redact_keys
 from stitchsim_service.core.db import ApiKeyRow, Database, utcnow
 
-KEY_PREFIX = "ssk_"
 LOCAL_OWNER = "local"
 """Owner of everything when keys are not required and none is given (a one-user machine)."""
-
-
-_KEY_IN_TEXT = re.compile(re.escape(KEY_PREFIX) + r"[A-Za-z0-9_-]+")
-
-
-def redact_keys(text: str) -> str:
-    """text with every API key in it masked."""
-    return _KEY_IN_TEXT.sub(KEY_PREFIX + "[redacted]", text)
 
 
 class RedactKeys(logging.Filter):

@@ -133,11 +133,27 @@ CHECK_KILL_MARGIN_S = 10.0
 """From a check task's soft time limit (it answers spec_check_timeout) to its hard kill."""
 
 
+def check_queue_wait_s(timeout: float) -> float:
+    """How long a check task may wait in the checks queue before it expires unstarted: behind
+    one other key's check of the same time limit and its answer. Each key has one pending
+    check at most (max_pending_checks_per_key), so with the checks worker busy on another
+    key's legal but slow check, a valid spec is answered in its own time plus at most one
+    check's time limit instead of expiring behind it (503 spec_check_busy)."""
+    return timeout + CHECK_ANSWER_MARGIN_S
+
+
+def check_answer_wait_s(timeout: float) -> float:
+    """How long the gateway waits for a check's answer: its queue wait, its own time limit,
+    and the margin for the answer to travel."""
+    return check_queue_wait_s(timeout) + timeout + CHECK_ANSWER_MARGIN_S
+
+
 def check_slot_lifetime_s(timeout: float) -> float:
-    """The longest a check task can live: waiting in the queue until it expires (`timeout`),
-    then running until it is killed (`timeout` + CHECK_KILL_MARGIN_S). A key's pending-check
-    slot is held that long at most when nobody frees it (quotas.take_check_slot)."""
-    return 2 * timeout + CHECK_KILL_MARGIN_S
+    """The longest a check task can live: waiting in the queue until it expires
+    (check_queue_wait_s), then running until it is killed (`timeout` + CHECK_KILL_MARGIN_S).
+    A key's pending-check slot is held that long at most when nobody frees it
+    (quotas.take_check_slot)."""
+    return check_queue_wait_s(timeout) + timeout + CHECK_KILL_MARGIN_S
 
 
 @dataclass
@@ -197,13 +213,13 @@ class JobQueue:
     def ask_checker(self, task: str, args: list[Any], timeout: float, slot: str | None = None
                     ) -> dict[str, Any] | CheckOutcome:
         """A check worker's answer to `task`, or why none came (an unchecked outcome). The
-        task expires unstarted after `timeout` and is told to stop after `timeout` of running
-        (it answers spec_check_timeout); `slot`, the key's pending-check slot, goes with it
-        for the worker to free when the task really ends."""
+        task expires unstarted after check_queue_wait_s(timeout) and is told to stop after
+        `timeout` of running (it answers spec_check_timeout); `slot`, the key's pending-check
+        slot, goes with it for the worker to free when the task really ends."""
         try:
             result = self.celery.send_task(
                 task, args=args, kwargs={"slot": slot} if slot else {}, queue=CHECKS_QUEUE,
-                expires=timeout, soft_time_limit=timeout,
+                expires=check_queue_wait_s(timeout), soft_time_limit=timeout,
                 time_limit=timeout + CHECK_KILL_MARGIN_S,
                 retry=True, retry_policy={"max_retries": 1, "interval_start": 0},
             )
@@ -211,7 +227,7 @@ class JobQueue:
             log.warning("%s not sent: %s", task, exc)
             return CheckOutcome(False, note=f"spec check not sent: {exc}")
         try:
-            out = result.get(timeout=timeout + CHECK_ANSWER_MARGIN_S, interval=0.05,
+            out = result.get(timeout=check_answer_wait_s(timeout), interval=0.05,
                              propagate=True)
         except CeleryTimeout:
             # Still queued behind others' checks (a check that ran out of time would have

@@ -18,7 +18,18 @@ log = logging.getLogger("stitchsim.reaper")
 
 def reap_once(ctx: Context) -> int:
     assert ctx.queue is not None
-    requeued = jobs.reap(ctx, broker_empty=ctx.queue.depth("gpu") == 0)
+    return _send_again(ctx, jobs.reap(ctx, broker_empty=ctx.queue.depth("gpu") == 0))
+
+
+def requeue_node_once(ctx: Context, node: str) -> int:
+    """At a worker's start, under its node name: the jobs its previous process was running
+    are requeued now, not once their heartbeat goes stale (STITCHSIM_STALE_AFTER_S) while
+    jobs queued after them overtake them."""
+    return _send_again(ctx, jobs.requeue_node(ctx, node))
+
+
+def _send_again(ctx: Context, requeued: list[tuple[str, int]]) -> int:
+    assert ctx.queue is not None
     for job_id, attempts in requeued:
         try:
             ctx.queue.enqueue(job_id, attempt_hint=attempts)

@@ -73,9 +73,11 @@ class Settings(BaseSettings):
         default=2_000_000_000, ge=1, description="parameters a model of a spec may have, "
         "counted on the meta device before anything is allocated (422 model_too_large)")
     max_model_modules: int = Field(
-        default=20_000, ge=1, description="modules a model of a spec may have (timm's largest "
-        "have ~1,200); the spec check's build stops past it (422 model_too_large), so a config "
-        "asking for 100,000 layers costs a check worker milliseconds, not minutes")
+        default=2_500, ge=1, description="modules a model of a spec may have (timm's largest "
+        "have ~1,200); a config whose layer fields alone ask for more (3 modules a layer at "
+        "least) is refused before it is built, and the spec check's build stops past it (422 "
+        "model_too_large), so a legal but deep config costs a check worker well under a "
+        "second, not its time limit")
     max_job_units: int | None = Field(
         default=1_000_000, ge=1, description="work units (about one batch through a network "
         "part; a default 4-point digits job in both directions and protocols is ~12k) a job "
@@ -107,9 +109,10 @@ class Settings(BaseSettings):
         "of the process that runs spec checks: a spec that gets past the estimates still "
         "cannot take the host's memory")
     max_pending_checks_per_key: int = Field(
-        default=2, ge=1, description="spec checks one key may have waiting at once, across "
+        default=1, ge=1, description="spec checks one key may have waiting at once, across "
         "every gateway process sharing the job table (429 too_many_checks beyond): one key's "
-        "slow specs cannot fill the checks queue ahead of another key's")
+        "slow specs cannot fill the checks queue ahead of another key's; at 1, another key's "
+        "valid spec waits behind at most one check's time limit (STITCHSIM_CHECK_TIMEOUT_S)")
     job_time_limit_s: int = Field(default=4 * 3600, ge=10)
     visibility_timeout_s: int | None = Field(
         default=None, description="Redis redelivery timeout; default time limit + 1 h"

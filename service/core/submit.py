@@ -68,7 +68,7 @@ def submit_job(ctx: Context, owner: str, raw: Any, files: Mapping[str, StagedChe
     spec = assemble_spec(raw, files)
     check_refs(ctx, owner, spec, {f.object_id for f in files.values()})
     spec_doc = spec.model_dump(mode="json")
-    spec_json = json.dumps(spec_doc, sort_keys=True, separators=(",", ":"))
+    spec_json = json.dumps(spec_doc, sort_keys=True, separators=(",", ":"), allow_nan=False)
     request_hash = hashlib.sha256(spec_json.encode()).hexdigest()
 
     if idempotency_key is not None:

@@ -128,7 +128,8 @@ def test_many_tiny_layers_stop_at_the_module_budget() -> None:
     # build stops once it registered more modules than the budget, within a fraction of the
     # time the whole model takes.
     limits = BuildLimits(max_params=None, max_modules=500)
-    fields = {**_VIT, "num_hidden_layers": 900, "hidden_size": 2, "num_attention_heads": 1,
+    # 150 layers: under the estimate's floor (3 modules a layer), over the budget once built
+    fields = {**_VIT, "num_hidden_layers": 150, "hidden_size": 2, "num_attention_heads": 1,
               "intermediate_size": 2}
     started = time.monotonic()
     with pytest.raises(Failure) as info:
@@ -136,7 +137,7 @@ def test_many_tiny_layers_stop_at_the_module_budget() -> None:
                      limits=limits)
     assert info.value.code == "model_too_large", info.value.message
     assert "more than 500 modules" in info.value.message
-    assert "num_hidden_layers=900" in info.value.message
+    assert "num_hidden_layers=150" in info.value.message
     assert time.monotonic() - started < 2
 
 
@@ -176,3 +177,52 @@ def test_attention_matrices_count_against_the_activation_cap(source: str) -> Non
     assert info.value.code == "job_too_large"
     assert "attention matrix" in info.value.message or "tensor of shape" in info.value.message
     assert "patch_size" in info.value.message
+
+
+# Issue 49 item 1: the ViT of the issue, under every per-field cap (1,000 layers) but 13,000
+# modules: it held a check worker for its whole 30 s time limit.
+_DEEP = {**_VIT, "hidden_size": 16, "num_hidden_layers": 1000, "num_attention_heads": 1,
+         "intermediate_size": 16}
+
+
+def test_a_deep_legal_config_is_refused_before_it_is_built() -> None:
+    _build("transformers vit", {})  # transformers' ViT imported, as in a warm check worker
+    started = time.monotonic()
+    with pytest.raises(Failure) as info:
+        random_model(None, None, 32, meta={"config.json": json.dumps(_DEEP)}, on_meta=True,
+                     limits=BuildLimits(max_params=2_000_000_000))  # the default module cap
+    took = time.monotonic() - started
+    print(f"1000-layer ViT refused in {took:.3f} s: {info.value.message}")
+    assert took < 1.0  # building it on the meta device alone takes 4 s
+    assert info.value.code == "model_too_large", info.value.message
+    assert "num_hidden_layers=1000" in info.value.message
+    assert info.value.details["layers"] == 1000
+
+
+def test_the_trace_estimate_names_layers_width_and_tokens() -> None:
+    fields = {"img_size": 4096, "patch_size": 1, "embed_dim": 64, "depth": 12, "num_heads": 1}
+    with pytest.raises(Failure) as info:
+        random_model("vit_tiny_patch16_224", fields, 32, on_meta=True, limits=LIMITS)
+    assert info.value.code == "model_too_large", info.value.message
+    for named in ("depth=12", "img_size=4096", "patch_size=1", "embed_dim=64"):
+        assert named in info.value.message, info.value.message
+
+
+def test_weights_with_fewer_layers_than_the_config_are_refused_before_the_build(
+        tmp_path: Any) -> None:
+    from safetensors.torch import save_file
+    from stitchsim.models import ModelRef
+    from stitchsim_worker.engine.models.loading import meta_model
+
+    path = tmp_path / "deep.safetensors"
+    save_file({f"vit.encoder.layer.{i}.output.dense.weight": torch.zeros(16, 16)
+               for i in range(2)}, str(path), metadata={"config.json": json.dumps(_DEEP)})
+    started = time.monotonic()
+    with pytest.raises(Failure) as info:
+        meta_model(ModelRef(checkpoint=str(path)), path, where="front", native_size=32,
+                   limits=BuildLimits(max_params=None, max_modules=20_000))
+    took = time.monotonic() - started
+    print(f"1000-layer config over 2-layer weights refused in {took:.3f} s")
+    assert took < 0.5  # the build it replaces took 4.6-5.9 s
+    assert info.value.code == "weights_mismatch", info.value.message
+    assert "'num_hidden_layers'" in info.value.message and "up to 1" in info.value.message

@@ -93,3 +93,37 @@ def _second_worker_under_a_live_name_is_refused(svc) -> None:  # type: ignore[no
     assert "already running" in out.stderr and str(gpu[0]) in out.stderr, out.stderr[-2000:]
     assert time.monotonic() - started < 30
     assert svc.worker_pids("gpu") == gpu
+
+
+def test_a_job_killed_with_serve_is_requeued_at_the_restart(service_factory, ckpts) -> None:  # type: ignore[no-untyped-def]
+    """Issue 49: after serve was killed mid-job, the restarted service showed the job running
+    for the stale-heartbeat window (45 s) while a queued job overtook it. The heartbeat window
+    here is 10 minutes: only the restarted worker, which holds the node name, can requeue."""
+    svc = service_factory.embedded(extra_env={"STITCHSIM_STALE_AFTER_S": "600"})
+    with svc.client() as c:
+        front = upload(c, ckpts.digits_resnet)
+        back = upload(c, ckpts.digits_resnet_b)
+    spec = tiny_spec({"checkpoint": front}, {"checkpoint": back})
+    running = submit(svc, {**spec, "train": {**spec["train"], "epochs": 30,
+                                              "max_train_samples": 400}})
+    svc.wait_job(running, states=("running",), interval=0.05)
+    tree = _tree(svc.worker_pids("gpu") + svc.worker_pids("checks"))
+    serve = svc.procs.pop("serve")
+    os.kill(serve.pid, signal.SIGKILL)
+    serve.wait(10)
+    _, orphans = _wait_gone(tree, timeout=30)
+    assert not orphans, orphans
+    svc.start()
+    svc.wait_ready()
+    started = time.monotonic()
+    with svc.client() as c:
+        status = c.get(f"/jobs/{running}").json()
+        while status["attempts"] < 2 and status["progress"]["stage"] != "requeued":
+            assert time.monotonic() - started < 30, status  # not the 600 s heartbeat window
+            time.sleep(0.2)
+            status = c.get(f"/jobs/{running}").json()
+        took = time.monotonic() - started
+        c.delete(f"/jobs/{running}")
+    print(f"job killed with serve: requeued {took:.1f} s after the restarted service was ready "
+          f"(state {status['state']}, stage {status['progress']['stage']}, attempts "
+          f"{status['attempts']})")

@@ -79,6 +79,13 @@ def cmd_check(args: argparse.Namespace, out: TextIO) -> int:
         if options.needs_baseline and not args.baseline:
             raise UsageError("--max-drop, --max-relative-drop and --max-drop-per-point need "
                              "--baseline (a report file, a job id, or self)")
+        if options.max_drop == AUTO and args.baseline == baselines.SELF:
+            raise UsageError(
+                "--max-drop auto needs a baseline that has an interval: the reference against "
+                "itself has none (its limit would be 0.0000, failing every candidate that is "
+                "not the reference); give a fixed --max-drop (e.g. 0.05) with --baseline self, "
+                "or --max-drop auto with the report of a benign retrain (--baseline "
+                "report.json or a job id)")
         gate = calibrated.load(args.gate, args.reference, fields) if args.gate else None
         _auto_hint(options)
         log.info("checking %s against reference %s on %s (threshold %s)", args.candidate,

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from stitchsim.catalogue import DATASET_FORMATS
 from stitchsim.cli.exits import EXIT_PASS
 from stitchsim.errors import UsageError
+from stitchsim.jsondepth import JSONInputError, parse_json
 from stitchsim.packing import PackOptions, pack_dataset
 
 
@@ -46,9 +47,16 @@ def pack_options(args: argparse.Namespace) -> PackOptions | None:
         if not sep or not key.strip():
             raise UsageError(f"--pack: expected KEY=VALUE, got {item!r}")
         try:
-            values[key.strip()] = json.loads(value)
+            json.loads(value, parse_constant=float)
         except ValueError:
             values[key.strip()] = value  # bare words: a size such as 48x64, a column name
+            continue
+        except RecursionError:
+            pass  # parse_json says how deep
+        try:
+            values[key.strip()] = parse_json(value, f"--pack {key.strip()}")
+        except JSONInputError as exc:
+            raise UsageError(str(exc)) from None
     return _options(values, "--pack")
 
 

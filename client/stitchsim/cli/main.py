@@ -19,6 +19,7 @@ from stitchsim.cli.exits import (
 )
 from stitchsim.cli.parser import build_parser
 from stitchsim.failure import Failure
+from stitchsim.keyredact import redact_keys
 
 
 def _setup_logging(quiet: bool) -> None:
@@ -54,7 +55,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         print("stitchsim: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Failure as exc:  # every error of the client is one; the engine's files checks too
-        print(f"stitchsim: error: {exc.line()}", file=sys.stderr)
+        # The service's words may echo what it was sent: a key is never printed.
+        print(f"stitchsim: error: {redact_keys(exc.line())}", file=sys.stderr)
         hint = hint_for(exc)
         if hint:
             print(f"stitchsim: hint: {hint}", file=sys.stderr)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from typing import NoReturn
 
 from stitchsim import __version__, catalogue
 from stitchsim.cli import calibrate, dataset, points
@@ -16,7 +18,23 @@ from stitchsim.cli.jobs import (
     cmd_report,
 )
 from stitchsim.gates import AUTO, AUTO_FALSE_ALARMS, AUTO_FALSE_ALARMS_SOURCE, AUTO_K
+from stitchsim.keyredact import keys_in_argv, redact_keys
 from stitchsim.probes import BUILTIN_PROBES
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, whose usage errors echo what was typed: a key given before the command
+    (`stitchsim --api-key ssk_... check`) is read as the command's name and would be printed
+    in clear into a CI log."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def]
+        self._keys = keys_in_argv(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        keys = getattr(self, "_keys", None) or keys_in_argv(sys.argv[1:])
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {redact_keys(message, keys)}\n")
 
 
 def _escaped(text: str) -> str:
@@ -139,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--json", metavar="FILE", help="write the JSON report here")
     w.add_argument("--html", metavar="FILE", help="write the HTML report here")
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="stitchsim",
         description="Functional similarity of neural networks, from a stitchsim service.",
         epilog="Exit codes: 0 pass/ok, 1 below threshold or a gate failed, 2 usage or spec "

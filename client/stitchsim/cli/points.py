@@ -5,12 +5,12 @@ service holds its bytes already."""
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any, TextIO
 
 from stitchsim.cli.exits import EXIT_PASS
 from stitchsim.cli.spec_args import client_for, settings_from
 from stitchsim.errors import UsageError
+from stitchsim.jsondepth import JSONInputError, parse_json
 from stitchsim.models import StitchPoints
 
 
@@ -18,9 +18,9 @@ def cmd_points(args: argparse.Namespace, out: TextIO) -> int:
     kwargs = None
     if args.arch_kwargs is not None:
         try:
-            kwargs = json.loads(args.arch_kwargs)
-        except ValueError as exc:
-            raise UsageError(f"--arch-kwargs: not JSON ({exc})") from None
+            kwargs = parse_json(args.arch_kwargs, "--arch-kwargs")
+        except JSONInputError as exc:
+            raise UsageError(str(exc)) from None
         if not isinstance(kwargs, dict):
             raise UsageError("--arch-kwargs: expected a JSON object, e.g. '{\"num_classes\": 10}'")
     with client_for(settings_from(args)) as client:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,10 @@ from stitchsim.config import Settings, deep_merge, load_settings
 from stitchsim.errors import (
     UsageError,
 )
+from stitchsim.jsondepth import JSONInputError, parse_json
 from stitchsim.sdk import Client
+
+log = logging.getLogger("stitchsim")
 
 
 def parse_layers(text: str) -> list[dict[str, str]] | str:
@@ -35,11 +39,17 @@ def _csv(text: str) -> list[str]:
     return [t.strip() for t in text.split(",") if t.strip()]
 
 
-def _json_value(text: str) -> Any:
+def _json_value(text: str, flag: str = "--set") -> Any:
     try:
-        return json.loads(text)
+        json.loads(text, parse_constant=float)
     except ValueError:
         return text  # bare words such as `auto` or `resnet18`
+    except RecursionError:
+        pass  # parse_json says how deep
+    try:
+        return parse_json(text, flag)
+    except JSONInputError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _set_path(target: dict[str, Any], dotted: str, value: Any) -> None:
@@ -55,16 +65,31 @@ def _set_path(target: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
+_FLAG_OF = {"budget": "--budget", "dataset": "--dataset", "directions": "--directions",
+            "objectives": "--objectives", "protocols": "--protocols", "controls": "--controls",
+            "layers": "--layers"}
+"""Spec fields a dedicated flag sets, which a --set of the same key replaces."""
+
+
+def _say_overridden(fields: dict[str, Any], key: str, value: Any) -> None:
+    """--set is applied after the dedicated flags: where both give a field, --set's value is
+    the one the job runs with, and the user is told rather than left to find out."""
+    flag = _FLAG_OF.get(key)
+    if flag is not None and key in fields and fields[key] != value:
+        log.warning("--set %s=%s replaces %s %s (--set is applied after the flags)", key,
+                    json.dumps(value), flag, json.dumps(fields[key]))
+
+
 def spec_fields(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     """Spec fields from config [spec] < --spec file < dedicated flags < --set < threshold."""
     fields: dict[str, Any] = deep_merge({}, settings.spec)
     if args.spec:
         try:
-            loaded = json.loads(Path(args.spec).read_text(encoding="utf-8"))
+            loaded = parse_json(Path(args.spec).read_bytes(), f"--spec {args.spec}")
         except OSError as exc:
             raise UsageError(f"--spec: cannot read {args.spec}: {exc.strerror}") from None
-        except ValueError as exc:
-            raise UsageError(f"--spec: {args.spec} is not valid JSON: {exc}") from None
+        except JSONInputError as exc:
+            raise UsageError(str(exc)) from None
         if not isinstance(loaded, dict):
             raise UsageError(f"--spec: {args.spec} must hold a JSON object")
         fields = deep_merge(fields, loaded)
@@ -84,7 +109,7 @@ def spec_fields(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
     if args.arch or args.arch_kwargs:
         kwargs = None
         if args.arch_kwargs:
-            kwargs = _json_value(args.arch_kwargs)
+            kwargs = _json_value(args.arch_kwargs, "--arch-kwargs")
             if not isinstance(kwargs, dict):
                 raise UsageError("--arch-kwargs must be a JSON object")
         for side in ("front", "back"):
@@ -99,7 +124,9 @@ def spec_fields(args: argparse.Namespace, settings: Settings) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep:
             raise UsageError(f"--set: expected KEY=VALUE, got {item!r}")
-        _set_path(fields, key.strip(), _json_value(value))
+        value = _json_value(value, f"--set {key.strip()}")
+        _say_overridden(fields, key.strip(), value)
+        _set_path(fields, key.strip(), value)
     if settings.threshold is not None:
         fields["threshold"] = settings.threshold
     return fields

@@ -49,6 +49,7 @@ from stitchsim.files.limits import (
     MAX_IMAGE_SIDE,
     MIN_SAMPLES,
 )
+from stitchsim.jsondepth import JSONInputError, parse_json
 
 IMAGE_TENSORS = ("train_images", "test_images")
 LABEL_TENSORS = ("train_labels", "test_labels")
@@ -229,9 +230,9 @@ def check_dataset(
 
 def _json(key: str, raw: str) -> Any:
     try:
-        return json.loads(raw)
-    except ValueError:
-        raise InvalidDataset(f"__metadata__[{key!r}] is not valid JSON") from None
+        return parse_json(raw, f"__metadata__[{key!r}]")
+    except JSONInputError as exc:
+        raise InvalidDataset(str(exc)) from None
 
 
 def _classes(raw: str | None, n_classes: int | None) -> tuple[str, ...] | None:

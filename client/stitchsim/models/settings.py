@@ -22,9 +22,11 @@ from stitchsim.models.vocabulary import (
 
 
 class StrictModel(BaseModel):
-    """A contract model that refuses unknown fields (a typo is an error, not a default)."""
+    """A contract model that refuses unknown fields (a typo is an error, not a default) and
+    infinite or NaN numbers (no standard JSON holds them: a job storing one could not answer
+    with its own spec)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 T = TypeVar("T")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from anyio import to_thread
@@ -10,7 +9,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import ValidationError
 from stitchsim.failure import Failure
 from stitchsim.files.header import Header
-from stitchsim.jsondepth import MAX_JSON_DEPTH, is_json_object_text, nested_deeper_than
+from stitchsim.jsondepth import JSONInputError, is_json_object_text, parse_json
 from stitchsim.models import ErrorBody, ModelRef, StitchPoints, StoredObject
 from stitchsim.validation import validation_failure
 from stitchsim_service.core import objects
@@ -130,11 +129,6 @@ def _parse_kwargs(text: str) -> dict[str, Any]:
     if not is_json_object_text(text):
         raise refused("it must be {...}")
     try:
-        kwargs = json.loads(text)
-    except RecursionError:
-        kwargs = None
-    except ValueError as exc:
+        return dict(parse_json(text, "the value"))
+    except JSONInputError as exc:
         raise refused(str(exc)) from None
-    if kwargs is None or nested_deeper_than(kwargs, MAX_JSON_DEPTH):
-        raise refused(f"nested more than {MAX_JSON_DEPTH} levels deep")
-    return dict(kwargs)

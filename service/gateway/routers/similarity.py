@@ -3,18 +3,12 @@ hand it to the core's submit workflow (stitchsim_service.core.submit)."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Depends, Header, Request, Response
 from stitchsim.failure import Failure
-from stitchsim.jsondepth import (
-    JSON_OBJECT_TEXT,
-    MAX_JSON_DEPTH,
-    is_json_object_text,
-    nested_deeper_than,
-)
+from stitchsim.jsondepth import JSON_OBJECT_TEXT, JSONInputError, is_json_object_text, parse_json
 from stitchsim.models import ErrorBody, JobCreated
 from stitchsim_service.core.context import Context
 from stitchsim_service.core.metrics import JOBS_REJECTED
@@ -55,18 +49,12 @@ SUBMIT_OPENAPI: dict[str, Any] = {
 
 def _parse_json(text: str, what: str) -> Any:
     # Refused up front: past ~100 levels the parser, pydantic's serializer and json.dumps each
-    # give up with an exception of their own (a 500).
-    too_deep = Failure("bad_request",
-                       f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
+    # give up with an exception of their own (a 500); Infinity and NaN are no JSON a job can
+    # store or answer with.
     try:
-        value = json.loads(text)
-    except ValueError as exc:
-        raise Failure("bad_request", f"{what} is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise too_deep from None
-    if nested_deeper_than(value, MAX_JSON_DEPTH):
-        raise too_deep
-    return value
+        return parse_json(text, what)
+    except JSONInputError as exc:
+        raise Failure("bad_request", str(exc)) from None
 
 
 async def _read_json_body(request: Request, limit: int) -> Any:

@@ -18,7 +18,7 @@ from stitchsim_worker.engine.core.refcache import (
     FolderStore,
 )
 
-DEFAULT_MAX_MODULES = 20_000
+DEFAULT_MAX_MODULES = 2_500
 """Modules one model may have: timm's largest (vit_gigantic, densenet264d) have ~1,200."""
 
 

@@ -36,6 +36,12 @@ MAX_LAYERS = 1000
 MAX_COUNT = 1 << 20
 """The largest value of any one size field: beyond every real width, vocabulary or image side,
 and far from the int64 overflows of a meta forward over its shapes."""
+MODULES_PER_LAYER = 3
+"""The fewest modules a layer of a real model registers (a transformer block has ~13, a
+residual block ~8): the layer fields times this is a floor of the build's module count,
+known before anything is built."""
+MAX_TRACE_COST = 2_000_000_000
+"""Layers x width x tokens a spec check traces at most (vit_gigantic at 518 px is 1.1e8)."""
 ISOLATION_BUDGET_S = 5.0
 """Wall time spent finding which field broke a build before naming every given field."""
 
@@ -45,7 +51,8 @@ _COUNT = re.compile(r"^(num_.+|.+_(size|sizes|dim|dims|depth|depths|layers|heads
                     r"|ratio_int)|depths?|width|layers|img_size|image_size)$")
 # Widths and divisors: 0 is never meaningful (num_classes=0 is: a headless timm model).
 _WIDTH = re.compile(r"^(.+_(size|sizes|dim|dims|heads|channels|chans)|width)$")
-_LAYERS = re.compile(r"^(depths?|layers|num_(hidden_)?layers|num_.+_layers|.+_depths?)$")
+LAYER_FIELD = re.compile(r"^(depths?|layers|num_(hidden_)?layers|num_.+_layers|.+_depths?)$")
+_LAYERS = LAYER_FIELD
 # Label names and their indices: data, not a sub-config.
 _LABEL_MAPS = frozenset({"id2label", "label2id"})
 # Fields whose names match but that are not sizes (transformers' chunking switch, ids).
@@ -193,11 +200,105 @@ def _size_fields(given: Given) -> str:
     return ", ".join(named[:8]) or "its size fields"
 
 
+def _flat(fields: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, str, Any]]:
+    """(dotted name, own name, value) of every field, sub-configs (vision_config) opened."""
+    for key, value in fields.items():
+        if isinstance(value, dict) and key not in _LABEL_MAPS:
+            yield from _flat(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", key, value
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a config asks a build and a trace for, read from its size fields alone."""
+
+    layers: int
+    width: int
+    tokens: int
+    fields: tuple[str, ...]
+    """The fields these figures come from, as the refusal names them."""
+
+    @property
+    def trace(self) -> int:
+        return self.layers * self.width * self.tokens
+
+
+def _largest(items: list[tuple[str, int]]) -> tuple[str, int] | None:
+    return max(items, key=lambda item: item[1]) if items else None
+
+
+def config_cost(given: Given) -> Cost:
+    """Layers (every layer field summed), width (the widest width field) and tokens (image
+    side over patch side, squared; 1 without a patch field) of the fields, the library's
+    defaults filling those not given."""
+    fields = {**(given.defaults or {}), **given.fields}
+    layers: list[tuple[str, int]] = []
+    widths: list[tuple[str, int]] = []
+    sides: dict[str, tuple[str, int]] = {}
+    for name, key, value in _flat(fields):
+        numbers = _ints(value) if key not in _NOT_SIZES else None
+        if not numbers:
+            continue
+        if _LAYERS.match(key):
+            layers.append((name, sum(numbers)))
+        elif _WIDTH.match(key) and not key.startswith(("image_", "img_", "patch_")):
+            widths.append((name, max(numbers)))
+        if key in ("image_size", "img_size", "patch_size"):
+            sides.setdefault(key.split("_")[0], (name, max(numbers)))
+    named = [n for n, _ in layers]
+    width = _largest(widths)
+    tokens = 1
+    if "patch" in sides and ("image" in sides or "img" in sides):
+        image, patch = sides.get("image") or sides["img"], sides["patch"]
+        tokens = (image[1] // max(patch[1], 1)) ** 2 + 1
+        named += [image[0], patch[0]]
+    return Cost(sum(n for _, n in layers), width[1] if width else 1, tokens,
+                tuple(named + ([width[0]] if width else [])))
+
+
+def check_cost(given: Given, where: str, label: str, limits: BuildLimits) -> None:
+    """model_too_large, before anything is built, for a config whose layers alone take more
+    modules than the limit allows, or whose trace (layers x width x tokens) is beyond
+    MAX_TRACE_COST: a legal but slow config would otherwise hold a check worker until its
+    time limit, and other keys' checks behind it."""
+    if limits.max_modules is None:  # a job's build of a spec its check passed
+        return
+    cost = config_cost(given)
+    shown = ", ".join(f"{n}={_show(_at(given.fields, n))}" for n in cost.fields
+                      if _at(given.fields, n) is not None) or "its layer fields"
+    details = {"file": given.origin, "fields": list(cost.fields), "layers": cost.layers,
+               "width": cost.width, "tokens": cost.tokens}
+    floor = cost.layers * MODULES_PER_LAYER
+    if floor > limits.max_modules:
+        raise Failure(
+            "model_too_large",
+            f"{where}: {label} as {given.origin} describes it asks for {cost.layers:,} layers, "
+            f"at least {floor:,} modules, more than the {limits.max_modules:,} this service "
+            f"builds (STITCHSIM_MAX_MODEL_MODULES); make it smaller: {shown}",
+            {**details, "modules_at_least": floor, "limit": limits.max_modules})
+    if cost.trace > MAX_TRACE_COST:
+        raise Failure(
+            "model_too_large",
+            f"{where}: {label} as {given.origin} describes it would trace {cost.layers:,} "
+            f"layers x {cost.width:,} wide x {cost.tokens:,} tokens = {cost.trace:,}, more "
+            f"than the {MAX_TRACE_COST:,} this service checks; make it smaller: {shown}",
+            {**details, "trace": cost.trace, "limit": MAX_TRACE_COST})
+
+
+def _at(fields: Mapping[str, Any], dotted: str) -> Any:
+    value: Any = fields
+    for part in dotted.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    return value
+
+
 def guarded_build(build: Callable[[Mapping[str, Any]], nn.Module], given: Given, where: str,
                   label: str, limits: BuildLimits) -> nn.Module:
-    """build(fields) under the limits, with given.fields checked first; any failure of the
-    build becomes a Failure naming the field that caused it."""
+    """build(fields) under the limits, with given.fields checked first and its cost
+    estimated; any failure of the build becomes a Failure naming the field that caused it."""
     check_fields(given, where)
+    check_cost(given, where, label, limits)
     count = _Count(limits)
     try:
         with _counting(count):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from stitchsim_worker.engine.core.errors import interrupted
 from stitchsim_worker.engine.core.resources import BuildLimits
 from stitchsim_worker.engine.measures.outputs import detect_kind
 from stitchsim_worker.engine.models import autoencoder as _autoencoder  # noqa: F401 - registers it
-from stitchsim_worker.engine.models.guard import Given, guarded_build
+from stitchsim_worker.engine.models.guard import LAYER_FIELD, Given, guarded_build
 from stitchsim_worker.engine.models.heads import head_classes
 from stitchsim_worker.engine.models.preprocess import (
     Choice,
@@ -171,6 +172,36 @@ def _check_fit(net: nn.Module, ckpt: Shapes, arch: str, kwargs: dict[str, Any], 
                   f"{where}: checkpoint does not fit {arch} {kwargs}: {problem}")
 
 
+_INDEX = re.compile(r"\d+")
+
+
+def _check_depth(given: Given, ckpt: Shapes | None, where: str, label: str) -> None:
+    """weights_mismatch, before the model is built, when the config asks for more layers
+    than the weights hold: a stack of L layers has keys numbered up to L - 1 (blocks.11,
+    encoder.layer.11, encoder_layer_11), so a checkpoint whose numbers stop short of that
+    cannot fit, and building the deep config to find out would hold a check worker for
+    seconds. One layer field only: where several split the layers, the build decides."""
+    if not ckpt:
+        return
+    fields = {**(given.defaults or {}), **given.fields}
+    layer_fields = [(k, v) for k, v in fields.items() if LAYER_FIELD.match(k)
+                    and isinstance(v, int) and not isinstance(v, bool)]
+    if len(layer_fields) != 1:
+        return
+    name, layers = layer_fields[0]
+    numbers = [int(n) for key in ckpt for n in _INDEX.findall(key)]
+    if not numbers or layers <= max(numbers) + 1:
+        return
+    origin, _ = given.origin_of(name)
+    raise Failure("weights_mismatch",
+                  f"{where}: the weights do not fit {label} as {origin} describes it: "
+                  f"{origin} field {name!r} asks for {layers:,} layers and the checkpoint's "
+                  f"keys are numbered up to {max(numbers)}; the config and the weights come "
+                  "from different models: save both from the same model",
+                  {"field": name, "file": origin, "layers": layers,
+                   "checkpoint_max_index": max(numbers)})
+
+
 def _strip_wrapper_prefix(sd: dict[str, Any]) -> dict[str, Any]:
     # DataParallel/DDP checkpoints prefix every key with 'module.'; that is not a mismatch.
     if sd and all(k.startswith("module.") for k in sd):
@@ -289,7 +320,7 @@ def _made(ref: ModelRef, meta: dict[str, str], where: str, *, on_meta: bool,
     entry, build = _build_spec(arch, kwargs, config, where)
     origin = (CONFIG_FILE if config is not None and ref.arch_kwargs is None
               and "arch_kwargs" not in meta else "arch_kwargs")
-    net = _built(entry, build, on_meta, origin, limits)
+    net = _built(entry, build, on_meta, origin, limits, ckpt)
     classes = (head_classes(net, ckpt) if ckpt is not None and config is None
                and "num_classes" not in kwargs else None)
     if classes is not None:
@@ -303,7 +334,7 @@ def _made(ref: ModelRef, meta: dict[str, str], where: str, *, on_meta: bool,
 
 
 def _built(entry: SourceEntry, build: Build, on_meta: bool, origin: str,
-           limits: BuildLimits) -> nn.Module:
+           limits: BuildLimits, ckpt: Shapes | None = None) -> nn.Module:
     """The source's build under models.guard: the user's fields checked, the build bounded,
     any failure of it a 422 naming the field."""
     own = build.config if build.config is not None and build.config.layout == entry.name \
@@ -325,6 +356,7 @@ def _built(entry: SourceEntry, build: Build, on_meta: bool, origin: str,
                                    config=replace(own, config=kept)))
 
     label = f"{entry.name} {build.name!r}"
+    _check_depth(given, ckpt, build.where, label)
     with torch.device("meta") if on_meta else contextlib.nullcontext():
         return guarded_build(make, given, build.where, label, limits)
 

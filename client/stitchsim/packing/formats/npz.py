@@ -57,6 +57,15 @@ def _declared(path: Path, name: str, fh: IO[bytes]) -> tuple[tuple[int, ...], np
     return tuple(shape), dtype
 
 
+def _is_array(zf: zipfile.ZipFile, info: zipfile.ZipInfo) -> bool:
+    """Whether numpy reads the member as an array: by its content, not its name (np.load
+    lists `x_train` without .npy as an array too, when it starts with the .npy magic)."""
+    if info.filename.endswith(".npy"):
+        return True
+    with zf.open(info) as fh:
+        return fh.read(len(np.lib.format.MAGIC_PREFIX)) == np.lib.format.MAGIC_PREFIX
+
+
 def check_members(path: Path) -> None:
     """Refuse, before numpy allocates anything, a member whose header declares more (or less)
     data than it holds, or an object array (which only a pickle can read): a crafted header
@@ -66,9 +75,9 @@ def check_members(path: Path) -> None:
     try:
         with zipfile.ZipFile(path) as zf:
             for info in zf.infolist():
-                if info.is_dir() or not info.filename.endswith(".npy"):
+                if info.is_dir() or not _is_array(zf, info):
                     continue
-                name = info.filename[:-4]
+                name = info.filename.removesuffix(".npy")
                 with zf.open(info) as fh:
                     shape, dtype = _declared(path, name, fh)
                     header = fh.tell()
