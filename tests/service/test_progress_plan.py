@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from stitchsim.models import Spec
 from stitchsim_worker.engine.core.progress import PRIOR_SECONDS, Plan, Tracker, Units
 from stitchsim_worker.engine.iri.synthesis import round_lengths
@@ -48,20 +49,27 @@ def test_spans_are_counted_at_their_cap_and_count_down() -> None:
     assert totals == sorted(totals, reverse=True), totals
 
 
-def test_iri_extra_rounds_move_the_bar_to_the_end(ckpts: Any, tmp_path: Path) -> None:
+# Distances never fall below 1e-6: every batch runs all its extra rounds.
+@pytest.mark.parametrize(("rounds", "cap"), [
+    # The paper method's extra rounds have their own length (100): null takes the first
+    # round's times the growth.
+    ({"steps": 4, "cycle_steps": 4, "extra_rounds": 2, "extra_round_growth": 2,
+      "extra_round_steps": None}, 4 + 8 + 16),
+    # A cap past the 100 steps a set is expected to take (plan.IRI_STEPS_EXPECTED), run to
+    # its end: the bar that counted the guess grew here.
+    ({"steps": 1, "cycle_steps": 1, "extra_rounds": 2, "extra_round_growth": 1,
+      "extra_round_steps": 50}, 1 + 50 + 50),
+], ids=["growing-rounds", "past-the-guess"])
+def test_iri_extra_rounds_move_the_bar_to_the_end(ckpts: Any, tmp_path: Path,
+                                                   rounds: dict[str, Any], cap: int) -> None:
     from stitchsim_worker.engine import Resources, run_job
 
     path = {"checkpoint": {"path": str(ckpts.digits_resnet)}}
-    # Distances never fall below 1e-6: every batch runs all its extra rounds.
-    # The paper method's extra rounds have their own length (100): null takes the first
-    # round's times the growth.
-    iri = {"steps": 4, "cycle_steps": 4, "extra_rounds": 2, "extra_round_growth": 2,
-           "extra_round_steps": None, "stop_below": None, "converged_below": 1e-6,
-           "batch_size": 64}
+    iri = {**rounds, "stop_below": None, "converged_below": 1e-6, "batch_size": 64}
     spec = Spec.model_validate(tiny_spec(path, path, protocols=["invariance_aware"], iri=iri,
                                          train={"epochs": 1, "max_train_samples": 128,
                                                 "max_test_samples": 64, "seed": 0}))
-    assert sum(round_lengths(spec.iri)) == 4 + 8 + 16
+    assert sum(round_lengths(spec.iri)) == cap
     calls: list[tuple[str, int, int]] = []
     report = run_job(spec, resources=Resources(cache_dir=tmp_path),
                      progress=lambda stage, done, total, _eta: calls.append((stage, done, total)))
