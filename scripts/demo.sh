@@ -13,7 +13,9 @@
 # The report pages are written to files (--html), so they stay readable after the service
 # stops. The three checkpoints are committed (examples/demo-models, made by `stitchsim-server
 # demo-models --half examples/demo-models`; their digests are checked here, and a mismatch
-# trains them afresh instead, a line per epoch). IRIs are cached in $demo.
+# trains them afresh instead, a line per epoch). IRIs are cached in $demo. Each check prints its
+# progress and ETA; while IRIs run the ETA is that of their cap (every round), so it starts high
+# and only falls (docs/service.md, "Progress and ETA").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 phase() {  # a phase's name, with the time since the start: every phase says where it is
