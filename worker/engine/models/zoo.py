@@ -64,10 +64,10 @@ def train_classifier(
         if on_epoch is not None:
             on_epoch(epoch + 1, epochs, sum(losses) / len(losses))
     net.eval()
-    return net, _accuracy(net, dataset)
+    return net, classifier_accuracy(net, dataset)
 
 
-def _accuracy(net: torch.nn.Module, dataset: str) -> float:
+def classifier_accuracy(net: torch.nn.Module, dataset: str) -> float:
     """Test accuracy of a classifier in eval mode, on timm's preprocessing of its config."""
     cfg = timm.data.resolve_data_config({}, model=net)
     mean = torch.tensor(cfg["mean"]).view(1, 3, 1, 1)
@@ -87,7 +87,7 @@ def make_checkpoint(path: Path, arch: str, dataset: str = "digits", *,
     net, acc = train_classifier(arch, dataset, arch_kwargs=arch_kwargs, **kwargs)
     if dtype is not None:  # the figures must be those of the weights a user will load
         net = net.to(dtype).float()
-        acc = _accuracy(net, dataset)
+        acc = classifier_accuracy(net, dataset)
     save_checkpoint(net, path, arch, arch_kwargs, dtype=dtype)
     path.with_suffix(".json").write_text(
         json.dumps({"arch": arch, "dataset": dataset, "test_accuracy": acc})
