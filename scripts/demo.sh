@@ -11,10 +11,18 @@
 # epoch more, another batch order: 0.41-0.63 and 0.57-0.73 in two series;
 # bench/drift_power.py). Pick yours the same way (docs/client.md, "Choosing --max-drop").
 # The report pages are written to files (--html), so they stay readable after the service
-# stops. About half an hour on two busy cores from a clean clone, install included (models and
-# IRIs are cached in $demo).
+# stops. The three checkpoints are committed (examples/demo-models, made by `stitchsim-server
+# demo-models --half examples/demo-models`; their digests are checked here, and a mismatch
+# trains them afresh instead, a line per epoch). IRIs are cached in $demo. Each check prints its
+# progress and ETA; while IRIs run the ETA is that of their cap (every round), so it starts high
+# and only falls (docs/service.md, "Progress and ETA").
 set -euo pipefail
 cd "$(dirname "$0")/.."
+phase() {  # a phase's name, with the time since the start: every phase says where it is
+  echo "== [$(printf '%dm%02ds' $((SECONDS / 60)) $((SECONDS % 60)))] $*"
+}
+
+phase "installing the client and the server into .venv (minutes the first time, pip quiet)"
 bash scripts/install.sh
 export PATH="$PWD/.venv/bin:$PATH"
 demo=.stitchsim/demo
@@ -22,10 +30,17 @@ port="${STITCHSIM_PORT:-8000}"
 export STITCHSIM_URL="http://127.0.0.1:$port"
 mkdir -p "$demo"
 
-echo "== training the demo checkpoints (a small timm model on built-in digits; cached)"
-stitchsim-server demo-models "$demo/models"
+models=examples/demo-models
+if (cd "$models" && sha256sum --check --quiet SHA256SUMS) 2> /dev/null; then
+  phase "the demo checkpoints: $models (digests checked against $models/SHA256SUMS)"
+else
+  models="$demo/models"
+  phase "the committed checkpoints are missing or differ from their digests: training them" \
+    "into $models (a small timm model on built-in digits; cached)"
+  stitchsim-server demo-models "$models"
+fi
 
-echo "== starting the service on $STITCHSIM_URL (embedded default)"
+phase "starting the service on $STITCHSIM_URL (embedded default)"
 stitchsim-server serve --port "$port" --data-dir "$demo/data" > "$demo/serve.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null || true' EXIT
@@ -39,7 +54,7 @@ check() {  # name, front, back, extra options...
   local name=$1 front=$2 back=$3
   shift 3
   status=0
-  stitchsim check "$demo/models/$front.safetensors" "$demo/models/$back.safetensors" \
+  stitchsim check "$models/$front.safetensors" "$models/$back.safetensors" \
     --spec examples/demo-spec.json --threshold 0.35 \
     --json "$demo/$name.json" --html "$demo/$name.html" "$@" || status=$?
   echo "exit code $status (0: similar, 1: below threshold)"

@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,9 @@ def add_run_parser(sub: argparse._SubParsersAction) -> None:
 
     demo = sub.add_parser("demo-models", help="train small demo checkpoints on built-in data")
     demo.add_argument("out", type=Path, help="folder for the .safetensors files")
+    demo.add_argument("--half", action="store_true",
+                      help="store the weights in float16 (half the file; the demo's committed "
+                      "checkpoints in examples/demo-models are made so)")
     demo.add_argument("--robust", action="store_true",
                       help="also train two adversarially robust seeds (robust.safetensors, "
                       "robust_b.safetensors; fast adversarial training at 8/255, a few "
@@ -227,8 +231,12 @@ DEMO_MODELS = {  # file name: (dataset, seed)
 }
 
 
-def train_demo_models(out: Path, names: tuple[str, ...] = tuple(DEMO_MODELS)) -> list[str]:
-    """Train the demo models (of `names`) that `out` does not have yet; one line per model."""
+def train_demo_models(out: Path, names: tuple[str, ...] = tuple(DEMO_MODELS), *,
+                      half: bool = False, say: Callable[[str], None] | None = None) -> list[str]:
+    """Train the demo models (of `names`) that `out` does not have yet; one line per model.
+    half: stored in float16 (the checkpoints committed in examples/demo-models); say: a line
+    per epoch as each model trains."""
+    import torch
     from stitchsim_worker.engine.models.zoo import make_checkpoint
 
     out.mkdir(parents=True, exist_ok=True)
@@ -236,12 +244,20 @@ def train_demo_models(out: Path, names: tuple[str, ...] = tuple(DEMO_MODELS)) ->
     for name in names:
         dataset, seed = DEMO_MODELS[name]
         path = out / name
+
+        def epoch_line(epoch: int, epochs: int, loss: float, name: str = name) -> None:
+            if say is not None:
+                say(f"  {name}: epoch {epoch}/{epochs}, training loss {loss:.3f}")
+
         if path.exists():
             lines.append(f"{path}: exists")
             continue
         acc = make_checkpoint(path, DEMO_ARCH, dataset, seed=seed, epochs=DEMO_EPOCHS,
-                              arch_kwargs=DEMO_ARCH_KWARGS)
+                              arch_kwargs=DEMO_ARCH_KWARGS, on_epoch=epoch_line,
+                              dtype=torch.float16 if half else None)
         lines.append(f"{path}: {DEMO_ARCH} trained on {dataset}, test accuracy {acc:.3f}")
+        if say is not None:
+            say(lines[-1])
     return lines
 
 
@@ -270,8 +286,12 @@ def train_autoencoders(out: Path) -> list[str]:
 
 
 def demo_models_command(args: argparse.Namespace) -> int:
-    for line in train_demo_models(args.out):
+    def say(line: str) -> None:
         print(line, flush=True)
+
+    for line in train_demo_models(args.out, half=args.half, say=say):
+        if line.endswith(": exists"):  # the trained ones were said as they finished
+            say(line)
     if args.autoencoders:
         for line in train_autoencoders(args.out):
             print(line, flush=True)

@@ -227,3 +227,23 @@ def test_kernels_follow_the_point_and_the_setting() -> None:
     assert Kernels.pick(on, CPU, 4) == Kernels(torch.channels_last, pixel_conv_grad=True)
     assert Kernels.pick(on, CPU, 3) == Kernels(pixel_conv_grad=True)  # tokens: NCHW images
     assert Kernels.pick(off, CPU, 4) == Kernels()
+
+
+@pytest.mark.parametrize("fields", [
+    # Samples leave mid-round (early stopping) and at an extra round's start (the aim).
+    {"stop_below": 0.6, "extra_rounds_stop_at_aim": True, "converged_below": 0.5},
+    # Every sample steps the first round; the median is under the aim: no extra round runs.
+    {"stop_below": None, "converged_below": 1.0},
+])
+def test_steps_taken_and_given_back_sum_to_the_cap(networks, pixels, banks, fields) -> None:  # type: ignore[no-untyped-def]
+    """Progress is planned at the cap (issue 48): what a set steps and what it gives back as
+    samples leave add up to every sample taking every step of every round, so a bar counted
+    down from the cap ends exactly at its end."""
+    settings = fast_iri(steps=10, cycle_steps=10, extra_rounds=3, extra_round_steps=10,
+                        **fields).at("low")
+    stepped, skipped = [], []
+    made = synthesize(networks["resnet"].front("act1"), pixels, settings, banks, CPU,
+                      stepped.append, skipped.append)
+    assert sum(stepped) == int(made.steps.sum())
+    assert sum(skipped) > 0
+    assert sum(stepped) + sum(skipped) == N * settings.max_steps == N * 40

@@ -1,7 +1,7 @@
-"""The progress plan covers IRI extra rounds: planned at their cap, steps beyond a span's plan
-grow it, and what a span did not need leaves the plan, so the bar never stands at 100 % while
-the job still runs and never passes it; the ETA's rate counts only work done, each kind of
-work at its own pace.
+"""The progress plan covers IRI extra rounds: planned at their cap before the first step, and
+counted down as samples leave short of it, so the total never grows, the ETA falls at a steady
+pace, the bar never stands at 100 % while the job still runs and never passes it; the ETA's
+rate counts only work done, each kind of work at its own pace.
 
 A real job (in-process, IRIs with extra rounds and early stopping) and the tracker's
 arithmetic on its own.
@@ -20,43 +20,56 @@ from stitchsim_worker.engine.iri.synthesis import round_lengths
 from tests.service.conftest import tiny_spec
 
 
-def test_spans_give_back_unused_work_and_grow_past_their_plan() -> None:
+def test_spans_are_counted_at_their_cap_and_count_down() -> None:
+    """Issue 48: the total is known before the first step and never grows; samples that
+    leave give their steps back as they leave, a span's unused rest at its end."""
     seen: list[tuple[int, int]] = []
     t = Tracker(lambda _s, done, total, _eta: seen.append((done, total)), None)
-    # 40 fixed units and two IRI spans capped at 30 each, expected to take a quarter of it.
+    # 40 fixed units and two IRI spans capped at 30 each; the budget's guess of a quarter
+    # does not enter the bar.
     t.plan(Plan(Units(forward=40, iri=60), expect=0.25))
-    assert (t.done, t.total) == (0, 40 + 15)
+    assert (t.done, t.total) == (0, 100)
     with t.span(30, weight=3):
-        for _ in range(5):  # 15 units, past the 7.5 expected: the total grows with them
+        for _ in range(5):  # 15 units: the total stays
             t.step()
-            assert t.done < t.total
-    # Half the cap used; with the plan's guess as one more span, (7.5 + 15) / 60 of the next
-    # span's cap is expected: 11.25 units.
-    assert (t.done, t.total) == (15, 15 + 40 + 11)
+            assert t.total == 100
+        t.skip(2)  # two sample-steps of the cap given back: 6 units
+        assert (t.done, t.total) == (15, 94)
+    # 15 used and 6 given back of its 30: the other 9 leave at its end.
+    assert (t.done, t.total) == (15, 85)
     for _ in range(10):
         t.step()
-    with t.span(30, weight=3):  # a cache hit: nothing used, nothing learnt
+    with t.span(30, weight=3):  # a cache hit: all of it given back
         pass
-    assert (t.done, t.total) == (25, 25 + 30)
+    assert (t.done, t.total) == (25, 55)
     t.finish()
     assert seen[-1] == (25, 25)
     assert all(d <= tot for d, tot in seen)
+    totals = [tot for _d, tot in seen]
+    assert totals == sorted(totals, reverse=True), totals
 
 
-def test_iri_extra_rounds_move_the_bar_to_the_end(ckpts: Any, tmp_path: Path) -> None:
+# Distances never fall below 1e-6: every batch runs all its extra rounds.
+@pytest.mark.parametrize(("rounds", "cap"), [
+    # The paper method's extra rounds have their own length (100): null takes the first
+    # round's times the growth.
+    ({"steps": 4, "cycle_steps": 4, "extra_rounds": 2, "extra_round_growth": 2,
+      "extra_round_steps": None}, 4 + 8 + 16),
+    # A cap past the 100 steps a set is expected to take (plan.IRI_STEPS_EXPECTED), run to
+    # its end: the bar that counted the guess grew here.
+    ({"steps": 1, "cycle_steps": 1, "extra_rounds": 2, "extra_round_growth": 1,
+      "extra_round_steps": 50}, 1 + 50 + 50),
+], ids=["growing-rounds", "past-the-guess"])
+def test_iri_extra_rounds_move_the_bar_to_the_end(ckpts: Any, tmp_path: Path,
+                                                   rounds: dict[str, Any], cap: int) -> None:
     from stitchsim_worker.engine import Resources, run_job
 
     path = {"checkpoint": {"path": str(ckpts.digits_resnet)}}
-    # Distances never fall below 1e-6: every batch runs all its extra rounds.
-    # The paper method's extra rounds have their own length (100): null takes the first
-    # round's times the growth.
-    iri = {"steps": 4, "cycle_steps": 4, "extra_rounds": 2, "extra_round_growth": 2,
-           "extra_round_steps": None, "stop_below": None, "converged_below": 1e-6,
-           "batch_size": 64}
+    iri = {**rounds, "stop_below": None, "converged_below": 1e-6, "batch_size": 64}
     spec = Spec.model_validate(tiny_spec(path, path, protocols=["invariance_aware"], iri=iri,
                                          train={"epochs": 1, "max_train_samples": 128,
                                                 "max_test_samples": 64, "seed": 0}))
-    assert sum(round_lengths(spec.iri)) == 4 + 8 + 16
+    assert sum(round_lengths(spec.iri)) == cap
     calls: list[tuple[str, int, int]] = []
     report = run_job(spec, resources=Resources(cache_dir=tmp_path),
                      progress=lambda stage, done, total, _eta: calls.append((stage, done, total)))
@@ -64,6 +77,9 @@ def test_iri_extra_rounds_move_the_bar_to_the_end(ckpts: Any, tmp_path: Path) ->
     iri_calls = [(d, t) for s, d, t in calls if s.startswith("iri")]
     assert iri_calls and all(d < t for d, t in iri_calls), iri_calls
     assert all(d <= t for _, d, t in calls)
+    # Known before the first step, at the cap: never grows (issue 48).
+    totals = [t for _s, _d, t in calls if t]
+    assert totals == sorted(totals, reverse=True), totals
     # Only the end stands at 100 %.
     assert [s for s, d, t in calls if t and d == t] == ["done"], calls[-5:]
 
@@ -98,24 +114,32 @@ def test_each_kind_of_work_is_timed_at_its_own_pace() -> None:
     assert etas[-1] == 0.0
 
 
-def test_a_running_iri_round_is_counted_to_its_end_and_teaches_the_sets_to_come() -> None:
-    clock = _Clock()
-    t = Tracker(None, None, clock=clock)
-    # Two IRI sets capped at 70 units each, in 7 rounds of 10; expected to take 0.4 of it.
-    t.plan(Plan(Units(forward=10, iri=140), expect=0.4))
+def test_at_a_steady_pace_the_eta_only_falls() -> None:
+    """An IRI set that stops early and one that needs its extra rounds, at one second a unit:
+    the ETA counts the caps down and never rises (issue 48: it used to add each extra round
+    as it came, from 12 s back to 1m42s)."""
+    clock, etas = _Clock(), []
+    t = Tracker(lambda _s, _d, _t, eta: etas.append(eta), None, clock=clock)
+    # Two IRI sets capped at 70 units each, in rounds of 10.
+    t.plan(Plan(Units(iri=140), expect=0.4))
     t.enter("iri a")
-    assert t.total == 10 + 56
-    with t.span(70, weight=1, marks=[k / 7 for k in range(1, 8)]):
-        for _ in range(15):  # into the second round: still within the guess of 28
+    with t.span(70, weight=1):
+        for _ in range(20):  # two rounds, then converged: the rest given back
             clock.now += 1.0
             t.step()
-        assert t.total == 10 + 56
-        for _ in range(16):  # into the fourth round: this set takes at least 40 units, and
-            clock.now += 1.0  # the next one expects (0.4 * 70 + 40) / 140 of its own, the
-            t.step()  # guess counting as one set
-        assert t.total == 31 + (40 - 31) + 10 + round((28 + 40) / 140 * 70)
-        forward_pace = PRIOR_SECONDS["forward"] / PRIOR_SECONDS["iri"]  # not seen yet
-        assert t.eta_s() == pytest.approx((40 - 31) + 34 + 10 * forward_pace, abs=0.05)
+        t.skip(50)
+    assert t.total == 20 + 70
+    t.enter("iri b")
+    with t.span(70, weight=1):
+        for n in range(70):  # every round; half the samples leave after the third
+            clock.now += 1.0 if n < 30 else 0.5
+            t.step(1 if n < 30 else 0.5)
+            if n == 29:
+                t.skip(20)
+    t.finish()
+    known = [e for e in etas if e is not None]
+    assert known[0] >= 100 and known[-1] == 0.0
+    assert all(b <= a for a, b in zip(known, known[1:], strict=False)), known
 
 
 def test_each_step_is_held_to_its_own_count() -> None:

@@ -10,18 +10,17 @@ with extraction does not read its training at extraction's pace.
 
 Some work has a length known only as it runs: IRIs stop once converged, anywhere between
 their first round and their cap (every extra round). The plan counts that work at its cap as
-the elastic kind, and the total shown is the best guess of the job's real length: fixed work
-plus elastic work times the share of their caps the IRIs took so far (the plan's guess
-counting as one span). A running IRI set is taken to run at least to the end of the round it
-is in (a round once started runs to its end), and one that shows more than the guess raises
-the guess for the sets still to come; so the bar never
-stands at 100 % before the end and never passes it, and the ETA counts neither unused caps
-nor skipped work."""
+the elastic kind, and the bar counts it down: samples that leave a set short of the cap (they
+converged, or their batch's rounds ended) give back the steps they will not take as they
+leave. So the total is known before the first step and never grows, and the ETA only falls at
+a steady pace (issue 48: an ETA that counted a guess and added each extra round as it came
+jumped from 12 s back to 1m42s). The price: until the IRIs stop, the ETA is that of their cap
+(an upper bound; the budget's `expected` share is the guess, Plan.expected)."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
@@ -126,21 +125,17 @@ class Plan:
 class _Span:
     cap: float
     weight: float
-    marks: Sequence[float]  # the cap's share at the end of each round, ascending
     used: float = 0.0
+    skipped: float = 0.0  # the units of the cap it will not take
     seconds: float = 0.0  # the time its steps took
 
     def rate(self) -> float | None:
         """Its seconds per unit, once it has run long enough to tell."""
         return self.seconds / self.used if self.used >= 1 and self.seconds >= 0.5 else None
 
-    def expected(self, expect: float) -> float:
-        """Units this span is expected to take in all: the guess, or the end of the round it
-        has reached if that is further (a round once started runs to its end). Nothing seen
-        inside a round tells whether another will follow: the median distance falls alike in
-        a round that will settle the batch and in one that will not."""
-        committed = next((m for m in self.marks if m * self.cap > self.used), 1.0)
-        return min(self.cap, max(expect, committed) * self.cap)
+    @property
+    def left(self) -> float:
+        return max(0.0, self.cap - self.used - self.skipped)
 
 
 class Tracker:
@@ -160,8 +155,6 @@ class Tracker:
         self._focus: dict[str, str | None] = {}
         self._left: dict[str, float] = {}  # planned fixed units not done yet, by kind
         self._elastic_left = 0.0  # the caps of the spans not started yet
-        self._expect = 1.0  # share of a span's cap it is expected to take
-        self._used = self._capped = 0.0  # units finished spans took, and their caps
         self._span: _Span | None = None
         self._last_span_rate: float | None = None
         self._seconds: dict[str, float] = {}  # time each kind took, past the warm-up
@@ -186,9 +179,8 @@ class Tracker:
         for kind, units in plan.work.by_kind.items():
             if kind != ELASTIC:
                 self._left[kind] = self._left.get(kind, 0) + units
-        if plan.elastic:
+        if plan.elastic:  # at the cap, not plan.expect: a total that never grows
             self._elastic_left += plan.work.by_kind[ELASTIC]
-            self._expect = plan.expect
         self._retotal()
         self._emit(force=True)
 
@@ -230,12 +222,11 @@ class Tracker:
         self._emit()
 
     @contextmanager
-    def span(self, cap: int, weight: float = 1, marks: Sequence[float] = ()) -> Iterator[None]:
+    def span(self, cap: int, weight: float = 1) -> Iterator[None]:
         """Elastic work planned at `cap` units that stops when it is done; each step inside
-        counts `weight` units (a fraction when steps are of the samples still live), and
-        `marks` are the shares of the cap at which it may stop (its rounds' ends). When it
-        ends, what it did not use leaves the plan, and what it used teaches the guess for the
-        spans still to come (cache hits, using nothing, do not)."""
+        counts `weight` units (a fraction when steps are of the samples still live), and so
+        does each step given back (skip). When it ends, what it did not use leaves the plan
+        (a cache hit, using nothing, gives back all of it)."""
         if self._span is not None:  # nested: the outer span accounts for it
             yield
             return
@@ -243,46 +234,36 @@ class Tracker:
         self._elastic_left -= took
         if cap > took:  # a span the plan had counted as fixed work
             self._left["forward"] = max(0.0, self._left.get("forward", 0) - (cap - took))
-        self._span = _Span(cap, weight, sorted(marks))
+        self._span = _Span(cap, weight)
         try:
             yield
         finally:
-            used, rate = self._span.used, self._span.rate()
-            self._last_span_rate = rate or self._last_span_rate
+            self._last_span_rate = self._span.rate() or self._last_span_rate
             self._span = None
-            if used:
-                # The plan's guess counts as one span more: a first shallow stitch point that
-                # converged in one round must not make the deeper ones look as quick.
-                if not self._capped:
-                    self._used, self._capped = self._expect * cap, float(cap)
-                self._used, self._capped = self._used + used, self._capped + cap
-                self._expect = self._used / self._capped
             self._last_step = self._clock()
             self._retotal()
             self._emit(force=True)
 
-    def _expect_now(self) -> float:
-        """The share of their caps the spans not started yet are expected to take: what the
-        finished ones took, and the running one's expected share once it shows more than the
-        guess (a set that needed an extra round says the others will too)."""
-        span = self._span
-        if span is None or span.expected(self._expect) <= self._expect * span.cap:
-            return self._expect
-        used, capped = (self._used, self._capped) if self._capped else (
-            self._expect * span.cap, span.cap)  # the plan's guess as one span
-        return (used + span.expected(self._expect)) / (capped + span.cap)
+    def skip(self, steps: float) -> None:
+        """Steps of the running span's cap that will not be taken (samples that left short
+        of it): the total falls by them now, not at the span's end."""
+        if self._span is None or steps <= 0:
+            return
+        self._span.skipped += steps * self._span.weight
+        self._retotal()
+        self._emit()
 
     def _left_by_kind(self) -> dict[str, float]:
         left = {k: v for k, v in self._left.items() if v > 0}
-        elastic = self._elastic_left * self._expect_now()
-        if self._span is not None:
-            elastic += max(0.0, self._span.expected(self._expect) - self._span.used)
+        elastic = self._elastic_left + (self._span.left if self._span is not None else 0.0)
         if elastic > 0:
             left[ELASTIC] = elastic
         return left
 
     def _retotal(self) -> None:
-        self.total = self.done + round(sum(self._left_by_kind().values()))
+        # Rounded once, from the unrounded work done: rounding each part apart would make
+        # the total wobble by a unit as fractions of steps add up.
+        self.total = round(self._done + sum(self._left_by_kind().values()))
 
     def eta_s(self) -> float | None:
         """Seconds left: each kind's units left at its rate in this job so far; a kind not

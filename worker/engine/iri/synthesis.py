@@ -99,9 +99,13 @@ def synthesize(
     banks: BankBuilder,
     device: torch.device,
     on_step: Callable[[int], None],
+    on_skip: Callable[[int], None] | None = None,
 ) -> Synthesis:
     """IRIs for every sample, with per-sample start and final distances and steps taken;
-    on_step(samples) after each step, with the number of samples it stepped."""
+    on_step(samples) after each step, with the number of samples it stepped; on_skip(sample
+    steps) when samples leave short of the cap (converged, or their batch's rounds ended), with
+    the steps of the cap they will not take: a batch's stepped and skipped sample-steps sum to
+    its samples x settings.max_steps, so progress planned at the cap counts down to the end."""
     n = pixels.n
     out = banks.new(n, pixels.shape)
     start_d = np.zeros(n, dtype=np.float32)
@@ -111,7 +115,8 @@ def synthesize(
     for s in range(0, n, settings.batch_size):
         sl = slice(s, min(n, s + settings.batch_size))
         x = pixels[sl].to(device)
-        batch = _synthesize_batch(front, x, settings, noise, on_step)
+        batch = _synthesize_batch(front, x, settings, noise, on_step,
+                                  on_skip or (lambda _n: None))
         out.write(s, batch.images)
         start_d[sl], final_d[sl] = batch.start.cpu().numpy(), batch.final.cpu().numpy()
         steps[sl] = batch.steps.cpu().numpy()
@@ -199,6 +204,7 @@ def _synthesize_batch(
     settings: IRISettings,
     noise: torch.Generator,
     on_step: Callable[[int], None],
+    on_skip: Callable[[int], None],
 ) -> _Batch:
     bf16 = settings.precision == "bf16"
     with torch.no_grad():
@@ -215,6 +221,15 @@ def _synthesize_batch(
     aim = EXTRA_ROUNDS_AIM * settings.converged_below
     stop_below = settings.stop_below if settings.stop_below is not None else -1.0
     keep_best = settings.iterate == "best"
+    cap = settings.max_steps
+
+    def keep(mask: torch.Tensor) -> None:
+        """The live samples of `mask` stay; the others leave, giving back the rest of their
+        cap."""
+        left = live.index[~mask]
+        if len(left):
+            on_skip(int((cap - taken[left]).sum()))
+            live.keep(mask)
 
     def record(d: torch.Tensor, images: torch.Tensor, line: float) -> None:
         """Keep each sample's best iterate (or every iterate, the last one staying); stop the
@@ -222,19 +237,18 @@ def _synthesize_batch(
         better = d < best_d[live.index] if keep_best else torch.ones_like(d, dtype=torch.bool)
         best_d[live.index[better]] = d[better]
         best[live.index[better]] = images[better]
-        done = best_d[live.index] < line
-        if done.any():
-            live.keep(~done)
+        keep(best_d[live.index] >= line)
 
     for r, length in enumerate(settings.round_lengths()):
         # The median as reported (the mean of the middle two of an even batch), not the lower one.
         if r > 0 and (len(live) == 0 or float(best_d.quantile(0.5)) < aim):
+            keep(torch.zeros(len(live), dtype=torch.bool, device=x.device))
             break
         line = stop_below
         if r > 0 and settings.extra_rounds_stop_at_aim:
             # Samples under the aim already hold the median down: only the others need steps.
             line = max(stop_below, aim)
-            live.keep(best_d[live.index] >= line)
+            keep(best_d[live.index] >= line)
         for t, lr in enumerate(step_schedule(settings, length, r)):
             if len(live) == 0:
                 break
@@ -307,6 +321,7 @@ def get_iris(
     banks: BankBuilder,
     device: torch.device,
     on_step: Callable[[int], None],
+    on_skip: Callable[[int], None] | None = None,
 ) -> IRIResult:
     t0 = time.perf_counter()
     hit = cache.load(key)
@@ -326,7 +341,7 @@ def get_iris(
         )
         return IRIResult(bank, stats)
     # Every method (catalogue.IRI_METHODS) is a preset of the settings: one generator runs them.
-    made = synthesize(front, pixels, settings, banks, device, on_step)
+    made = synthesize(front, pixels, settings, banks, device, on_step, on_skip)
     seconds = time.perf_counter() - t0
     steps_used = float(made.steps.mean())
     meta = {"settings": settings.model_dump(), "seconds": seconds, "steps_used": steps_used}

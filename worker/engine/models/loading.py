@@ -409,11 +409,14 @@ def meta_model(ref: ModelRef, path: Path, *, where: str, native_size: int,
 
 
 def save_checkpoint(net: nn.Module, path: Path, arch: str, arch_kwargs: dict[str, Any],
-                    **extra: str) -> None:
+                    dtype: torch.dtype | None = None, **extra: str) -> None:
     """Write a checkpoint the way a user would: safetensors with arch metadata (and any
-    further metadata keys, e.g. preprocess or output)."""
+    further metadata keys, e.g. preprocess or output); `dtype`: the floating tensors stored
+    at that precision (loading casts them back to the model's)."""
     from safetensors.torch import save_file
 
     sd = {k: v.detach().contiguous().clone() for k, v in net.state_dict().items()}
+    if dtype is not None:
+        sd = {k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()}
     save_file(sd, str(path),
               metadata={"arch": arch, "arch_kwargs": json.dumps(arch_kwargs), **extra})

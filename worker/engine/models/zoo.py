@@ -30,9 +30,12 @@ def train_classifier(
     lr: float = 3e-3,
     batch_size: int = 64,
     perturb: Perturb | None = None,
+    on_epoch: Callable[[int, int, float], None] | None = None,
 ) -> tuple[torch.nn.Module, float]:
     """Train from scratch on a built-in set; returns the model (eval mode) and test accuracy.
-    `perturb` replaces each training batch (in pixels) before the step: adversarial training."""
+    `perturb` replaces each training batch (in pixels) before the step: adversarial training.
+    `on_epoch(epoch, epochs, mean loss)` after each epoch: training takes minutes on a CPU, and
+    a caller that shows nothing for that long looks hung."""
     kwargs = {"num_classes": 10, **(arch_kwargs or {})}
     torch.manual_seed(seed)
     net = timm.create_model(arch, pretrained=False, **kwargs)
@@ -46,7 +49,8 @@ def train_classifier(
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps)
     g = torch.Generator().manual_seed(seed)
     net.train()
-    for _ in range(epochs):
+    for epoch in range(epochs):
+        losses = []
         for idx in torch.randperm(len(y), generator=g).split(batch_size):
             batch = pixels[idx]
             if perturb is not None:
@@ -56,17 +60,35 @@ def train_classifier(
             loss.backward()
             opt.step()
             sched.step()
+            losses.append(float(loss.detach()))
+        if on_epoch is not None:
+            on_epoch(epoch + 1, epochs, sum(losses) / len(losses))
     net.eval()
+    return net, classifier_accuracy(net, dataset)
+
+
+def classifier_accuracy(net: torch.nn.Module, dataset: str) -> float:
+    """Test accuracy of a classifier in eval mode, on timm's preprocessing of its config."""
+    cfg = timm.data.resolve_data_config({}, model=net)
+    mean = torch.tensor(cfg["mean"]).view(1, 3, 1, 1)
+    std = torch.tensor(cfg["std"]).view(1, 3, 1, 1)
+    test = builtin(dataset).test
     with torch.no_grad():
-        pred = net((ds.test.images - mean) / std).argmax(-1)
-    return net, float((pred == ds.test.labels).float().mean())
+        pred = net((test.images - mean) / std).argmax(-1)
+    return float((pred == test.labels).float().mean())
 
 
-def make_checkpoint(path: Path, arch: str, dataset: str = "digits", **kwargs: Any) -> float:
-    """Train and save as a user would upload it: safetensors with arch metadata."""
+def make_checkpoint(path: Path, arch: str, dataset: str = "digits", *,
+                    dtype: torch.dtype | None = None, **kwargs: Any) -> float:
+    """Train and save as a user would upload it: safetensors with arch metadata; `dtype`
+    stores the floating tensors at that precision (float16: half the file, for checkpoints
+    committed to the repository). The accuracy is the stored model's."""
     arch_kwargs = {"num_classes": 10, **kwargs.pop("arch_kwargs", {})}
     net, acc = train_classifier(arch, dataset, arch_kwargs=arch_kwargs, **kwargs)
-    save_checkpoint(net, path, arch, arch_kwargs)
+    if dtype is not None:  # the figures must be those of the weights a user will load
+        net = net.to(dtype).float()
+        acc = classifier_accuracy(net, dataset)
+    save_checkpoint(net, path, arch, arch_kwargs, dtype=dtype)
     path.with_suffix(".json").write_text(
         json.dumps({"arch": arch, "dataset": dataset, "test_accuracy": acc})
     )

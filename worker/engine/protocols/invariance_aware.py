@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stitchsim.models import IRISettings, IRIStats, Spec
+from stitchsim.models import IRIStats, Spec
 from stitchsim_worker.engine.core.context import Cut, JobContext
 from stitchsim_worker.engine.core.progress import Units, Work
 from stitchsim_worker.engine.iri import synthesis as iri
@@ -31,12 +31,6 @@ def iri_stage(model: str, point: str) -> str:
     return f"iri {model} {point}"
 
 
-def round_ends(settings: IRISettings) -> list[float]:
-    """The share of the IRIs' cap at the end of each round: where a set of IRIs may stop."""
-    lengths = iri.round_lengths(settings)
-    return [sum(lengths[: r + 1]) / sum(lengths) for r in range(len(lengths))]
-
-
 def _iris(ctx: JobContext, cut: Cut, inputs: InputSet, key: str, units: int
           ) -> iri.IRIResult:
     """The front model's IRIs of the training inputs at i, from the cache when it holds
@@ -48,12 +42,15 @@ def _iris(ctx: JobContext, cut: Cut, inputs: InputSet, key: str, units: int
         ctx.tracker.step(live)
 
     # A step costs as much as the samples still being stepped (the converged ones have left
-    # the batch). A cache hit takes no steps: the span gives its units back at once.
-    with ctx.tracker.span(units, weight=IRI_STEP_UNITS / settings.batch_size,
-                          marks=round_ends(settings)):
+    # the batch), its weight such that every sample-step of the cap sums to `units` exactly
+    # (stepped or given back): the bar counts down to the end, never past it. A cache hit
+    # takes no steps: the span gives its units back at once.
+    weight = units / (settings.max_steps * inputs.pixels.n)
+    with ctx.tracker.span(units, weight=weight):
         result = iri.get_iris(
             key=key, cache=ctx.iri_cache, front=cut.f.front(cut.i), pixels=inputs.pixels,
             settings=settings, banks=ctx.banks, device=ctx.device, on_step=on_step,
+            on_skip=ctx.tracker.skip,
         )
     stats = result.stats
     if not stats.converged:
