@@ -301,6 +301,24 @@ def _print_cell(cell: str, c: dict[str, Any]) -> None:
     print(f"  {cell}: {pts}; {c['seconds']:.0f} s, {c['units']} units", flush=True)
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The family's cells as docs/benchmarks.md's table: per point the invariance-aware mean
+    (range over the retrains), the standard beside it, the IRIs' median distance; the cost
+    against the default cell's."""
+    cells = result["cells"]
+    base = cells.get("default")
+    head = ["cell", *result["points"], "IRI median distance", "wall s", "units", "cost"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for cell, c in cells.items():
+        pts = [f"{v['invariance_aware']:.2f} ({v['ia_min']:.2f}-{v['ia_max']:.2f}) / "
+               f"{v['standard']:.2f}" for v in c["points"].values()]
+        dist = " / ".join(f"{v['iri_median']:.3f}" for v in c["points"].values())
+        cost = f"{c['units'] / base['units']:.1f}x" if base else "-"
+        lines.append("| " + " | ".join([cell, *pts, dist, f"{c['seconds']:.0f}",
+                                        str(c["units"]), cost]) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path("/tmp/stitchsim-drift"),
@@ -311,7 +329,15 @@ def main() -> None:
     ap.add_argument("--test-samples", type=int, default=300)
     ap.add_argument("--json-dir", type=Path, default=Path("bench/results"))
     ap.add_argument("--date", default=date.today().isoformat())
+    ap.add_argument("--table", action="store_true", help="print the families' JSONs as "
+                    "markdown tables, run nothing")
     args = ap.parse_args()
+    if args.table:
+        for name in args.families:
+            path = args.json_dir / f"iri_scale.{args.date}.{name}.json"
+            if path.exists():
+                print(f"{name}:\n{markdown(json.loads(path.read_text()))}")
+        return
     torch.set_num_threads(max(1, torch.get_num_threads()))
     for name in args.families:
         path = args.json_dir / f"iri_scale.{args.date}.{name}.json"
