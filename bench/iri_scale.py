@@ -261,33 +261,47 @@ def summary(checks: list[dict[str, Any]], borrowed: dict[str, float]) -> dict[st
             "units": sum(c["units"] for c in checks) + int(borrowed["units"])}
 
 
+def _own_iri_cost(checks: list[dict[str, Any]]) -> dict[str, float]:
+    """What the first check paid for the IRIs the others found cached."""
+    return {"seconds": checks[0]["seconds"] - min(c["seconds"] for c in checks[1:]),
+            "units": checks[0]["units"] - min(c["units"] for c in checks[1:])}
+
+
+def _made_by(cells: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """iri_key -> the IRIs' cost, from the cells that synthesised their own (an earlier run's
+    cells too: a resumed run charges a cell that borrows their IRIs)."""
+    return {c.get("iri_key", iri_key(name) + json.dumps(list(c["points"]))):
+            _own_iri_cost(c["checks"]) for name, c in cells.items()
+            if not any(c["iri_cost_borrowed"].values())}
+
+
 def run_family(name: str, setup: Setup, cells: list[str], out: Path, test: int,
-               write: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+               previous: dict[str, Any] | None, write: Callable[[dict[str, Any]], None]
+               ) -> dict[str, Any]:
+    """The cells in order; a previous run's JSON keeps its cells (a cell asked for again is
+    measured again)."""
     print(f"{name}: models", flush=True)
     paths = models(out, name, setup)
+    kept = {k: v for k, v in (previous or {}).get("cells", {}).items() if k not in cells}
     result: dict[str, Any] = {
         "family": name, "arch": setup.family.arch, "arch_kwargs": setup.family.arch_kwargs,
         "dataset": setup.dataset, "points": setup.family.layers, "test_samples": test,
         "models": {p.stem: json.loads(p.with_suffix(".json").read_text()) for p in paths},
-        "cells": {}, "not_run": list(cells)}
-    made: dict[str, dict[str, float]] = {}  # iri_key -> the IRIs' cost where a cell made them
+        "cells": kept, "not_run": [c for c in CELLS if c not in kept]}
+    made = _made_by(kept)
     for cell in cells:
         checks = []
         for back in paths[1:]:
             print(f"  {cell} vs {back.stem} ...", flush=True)
             checks.append(check(setup, paths[0], back, cell, test, out / "cache"))
-        key = iri_key(cell)
-        first = checks[0]
-        own = {"seconds": first["seconds"] - min(c["seconds"] for c in checks[1:]),
-               "units": first["units"] - min(c["units"] for c in checks[1:])}
-        hit = all(v.get("iri_cache_hit") for v in first["points"].values())
+        key = iri_key(cell) + json.dumps(setup.family.layers)
+        hit = all(v.get("iri_cache_hit") for v in checks[0]["points"].values())
         borrowed = made.get(key, {"seconds": 0.0, "units": 0}) if hit else {
             "seconds": 0.0, "units": 0}
         if not hit:
-            made[key] = own
-        result["cells"][cell] = {"setting": CELLS[cell], "checks": checks,
-                                 "iri_cost_borrowed": borrowed,
-                                 **summary(checks, borrowed)}
+            made[key] = _own_iri_cost(checks)
+        result["cells"][cell] = {"setting": CELLS[cell], "iri_key": key, "checks": checks,
+                                 "iri_cost_borrowed": borrowed, **summary(checks, borrowed)}
         result["not_run"].remove(cell)
         _print_cell(cell, result["cells"][cell])
         write(result)
@@ -301,22 +315,43 @@ def _print_cell(cell: str, c: dict[str, Any]) -> None:
     print(f"  {cell}: {pts}; {c['seconds']:.0f} s, {c['units']} units", flush=True)
 
 
+def point_units(cell: dict[str, Any]) -> dict[str, float]:
+    """A cell's units apportioned to its points: each point's IRI steps at the engine's rate
+    (invariance_aware.iri_units, steps actually taken), the rest (stitches, controls) shared
+    equally. Lets a cell run at fewer points be priced against the default at the same ones."""
+    from stitchsim_worker.engine.protocols.invariance_aware import IRI_STEP_UNITS
+
+    first = cell["checks"][0]["points"]
+    iri = {p: IRI_STEP_UNITS * (v.get("iri_steps_used") or 0) * (v.get("iri_n") or 0) / 256
+           for p, v in first.items()}
+    rest = (cell["units"] - sum(iri.values())) / len(iri)
+    return {p: u + rest for p, u in iri.items()}
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The family's cells as docs/benchmarks.md's table: per point the invariance-aware mean
-    (range over the retrains), the standard beside it, the IRIs' median distance; the cost
-    against the default cell's."""
-    cells = result["cells"]
-    base = cells.get("default")
-    head = ["cell", *result["points"], "IRI median distance", "wall s", "units", "cost"]
+    (range over the retrains) / the standard protocol / the IRIs' median distance (steps); the
+    cost against the default cell's at the same points."""
+    cells, points = result["cells"], result["points"]
+    base = point_units(cells["default"]) if "default" in cells else None
+    head = ["cell", *points, "wall s", "units", "cost"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for cell, c in cells.items():
-        pts = [f"{v['invariance_aware']:.2f} ({v['ia_min']:.2f}-{v['ia_max']:.2f}) / "
-               f"{v['standard']:.2f}" for v in c["points"].values()]
-        dist = " / ".join(f"{v['iri_median']:.3f}" for v in c["points"].values())
-        cost = f"{c['units'] / base['units']:.1f}x" if base else "-"
-        lines.append("| " + " | ".join([cell, *pts, dist, f"{c['seconds']:.0f}",
-                                        str(c["units"]), cost]) + " |")
+        pts = [_point_cell(c["points"].get(p), c["checks"][0]["points"].get(p))
+               for p in points]
+        mine = point_units(c)
+        cost = (f"{sum(mine.values()) / sum(base[p] for p in mine):.2f}x" if base else "-")
+        lines.append("| " + " | ".join([cell, *pts, f"{c['seconds']:.0f}", str(c["units"]),
+                                        cost]) + " |")
     return "\n".join(lines)
+
+
+def _point_cell(v: dict[str, Any] | None, first: dict[str, Any] | None) -> str:
+    if v is None or first is None:
+        return "not run"
+    steps = first.get("iri_steps_used")
+    return (f"{v['invariance_aware']:.2f} ({v['ia_min']:.2f}-{v['ia_max']:.2f}) / "
+            f"{v['standard']:.2f} / {v['iri_median']:.3f} ({steps:.0f})")
 
 
 def main() -> None:
@@ -326,6 +361,7 @@ def main() -> None:
     ap.add_argument("--families", nargs="+", default=["demo", "resnet18", "convnext"],
                     choices=list(SETUPS))
     ap.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
+    ap.add_argument("--points", nargs="+", help="only these of the family's points")
     ap.add_argument("--test-samples", type=int, default=300)
     ap.add_argument("--json-dir", type=Path, default=Path("bench/results"))
     ap.add_argument("--date", default=date.today().isoformat())
@@ -345,7 +381,12 @@ def main() -> None:
         def write(result: dict[str, Any], path: Path = path) -> None:
             path.write_text(json.dumps(result, indent=1))
 
-        run_family(name, SETUPS[name], args.cells, args.out, args.test_samples, write)
+        setup = SETUPS[name]
+        if args.points:  # a subset of the family's points (the deep ones, when time is short)
+            setup = Setup(Family(setup.family.arch, setup.family.arch_kwargs, args.points,
+                                 setup.family.epochs), setup.dataset)
+        previous = json.loads(path.read_text()) if path.exists() else None
+        run_family(name, setup, args.cells, args.out, args.test_samples, previous, write)
         print(f"wrote {path}", flush=True)
 
 
