@@ -285,7 +285,9 @@ def run_family(name: str, setup: Setup, cells: list[str], out: Path, test: int,
     kept = {k: v for k, v in (previous or {}).get("cells", {}).items() if k not in cells}
     result: dict[str, Any] = {
         "family": name, "arch": setup.family.arch, "arch_kwargs": setup.family.arch_kwargs,
-        "dataset": setup.dataset, "points": setup.family.layers, "test_samples": test,
+        "dataset": setup.dataset, "test_samples": test,
+        "points": list(dict.fromkeys([*(previous or {}).get("points", []),
+                                      *setup.family.layers])),
         "models": {p.stem: json.loads(p.with_suffix(".json").read_text()) for p in paths},
         "cells": kept, "not_run": [c for c in CELLS if c not in kept]}
     made = _made_by(kept)
@@ -332,7 +334,9 @@ def markdown(result: dict[str, Any]) -> str:
     """The family's cells as docs/benchmarks.md's table: per point the invariance-aware mean
     (range over the retrains) / the standard protocol / the IRIs' median distance (steps); the
     cost against the default cell's at the same points."""
-    cells, points = result["cells"], result["points"]
+    cells = result["cells"]
+    # Every point any cell ran (a --points run records only its own subset).
+    points = list(dict.fromkeys(p for c in cells.values() for p in c["points"]))
     base = point_units(cells["default"]) if "default" in cells else None
     head = ["cell", *points, "wall s", "units", "cost"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
