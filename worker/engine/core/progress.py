@@ -160,6 +160,7 @@ class Tracker:
         self._seconds: dict[str, float] = {}  # time each kind took, past the warm-up
         self._units: dict[str, float] = {}  # and its units
         self._last_step = clock()
+        self._shown_eta: tuple[float, float] | None = None  # (eta, when) last emitted
 
     def focus(self, **details: str | None) -> None:
         """What the job is working on inside the stage (stitch point, protocol, objective):
@@ -304,4 +305,21 @@ class Tracker:
         now = self._clock()
         if self._fn is not None and (force or now - self._last >= _MIN_INTERVAL_S):
             self._last = now
-            self._fn(self.stage, self.done, self.total, self.eta_s() if self.total else None)
+            self._fn(self.stage, self.done, self.total, self._falling_eta(now))
+
+    def _falling_eta(self, now: float) -> float | None:
+        """The ETA shown: the estimate, held at the last one shown less the time since when
+        it would rise. The total counts IRIs at their cap, so the estimate is an upper bound
+        and a rise is the pace of a deeper point being learnt, not more work; a newcomer reads
+        an ETA that jumps back as a defect. Once the hold runs out (the job slower than every
+        estimate so far) the estimate is shown as it is."""
+        eta = self.eta_s() if self.total else None
+        if eta is None:
+            return None
+        if self._shown_eta is not None:
+            shown, at = self._shown_eta
+            held = shown - (now - at)
+            if eta > held > 0:
+                eta = round(held, 1)
+        self._shown_eta = (eta, now)
+        return eta
