@@ -74,7 +74,9 @@ def test_calibrate_then_check_passes_a_retrain_fails_a_broken_model_refuses_a_mi
     run = _cli(live_service, "check", str(ckpts.digits_resnet), str(untrained.back), "--gate",
                str(gate_path), "--markdown", str(tmp_path / "summary.md"))
     assert run.returncode == 1, run.stdout + run.stderr
-    assert "fail: calibrated accuracy: " in run.stdout and "benign sd below" in run.stdout
+    # "N benign sd below" where the retrains' accuracies differ; three retrains can tie on a
+    # few hundred test images (sd 0), and then the distance in sd is left out.
+    assert "fail: calibrated accuracy: " in run.stdout and "below the benign mean" in run.stdout
     assert "| calibrated accuracy | ❌ FAIL |" in (tmp_path / "summary.md").read_text()
 
     # Another stitch training: refused before any job is submitted, naming the setting.

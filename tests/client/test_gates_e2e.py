@@ -224,13 +224,20 @@ def _check(live_service: Any, reference: Path, candidate: Path, *extra: str
 def test_max_drop_auto_gates_the_invariance_aware_figure_under_the_default_method(
     live_service: Any, ckpts: Any, tmp_path: Path
 ) -> None:
-    # Against the reference itself the invariance-aware figure is the ceiling and its interval
-    # narrow; the other seed's falls far below it (the back model reads the reference's IRIs
-    # as noise on these narrow models): far more than 3 x the baseline's half-width.
+    # Against the reference itself the invariance-aware figure is the ceiling; the other seed's
+    # falls far below it (the back model reads the reference's IRIs as noise on these narrow
+    # models): far more than a fixed drop of 0.05.
     out = tmp_path / "cand.json"
     run = _check(live_service, ckpts.digits_resnet, ckpts.digits_resnet_b, "--baseline",
-                 "self", "--max-drop", "auto", "--json", str(out))
+                 "self", "--max-drop", "0.05", "--json", str(out))
     assert run.returncode == 1, run.stdout + run.stderr
+    assert "fail: max-drop:" in run.stdout
+    # `auto` against the reference itself is refused before anything runs (issue 49): the
+    # reference against itself has no interval, so its limit would fail every other model.
+    refused = _check(live_service, ckpts.digits_resnet, ckpts.digits_resnet_b, "--baseline",
+                     "self", "--max-drop", "auto")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "needs a baseline that has an interval" in refused.stdout + refused.stderr
     report = Report.model_validate_json(out.read_text())
     assert report.summary.similarity_protocol == "invariance_aware"
     assert report.spec.iri.method == "paper" and report.spec.iri.overrides() == {}
@@ -243,7 +250,6 @@ def test_max_drop_auto_gates_the_invariance_aware_figure_under_the_default_metho
     # The paper's 200 steps, then rounds of 100 more while unconverged, 1,200 at most.
     assert [i.steps if i else None for i in iris] == [report.spec.iri.max_steps] == [1200]
     assert all(i is not None and i.steps_used >= 200 for i in iris), iris
-    assert "fail: max-drop:" in run.stdout and "(auto: 3 x the baseline's interval" in run.stdout
 
     # The same check gated against its own earlier job: the same figure (a rerun of a check
     # with the same seeds on the cached IRIs), so it passes whatever the spread.
@@ -251,3 +257,4 @@ def test_max_drop_auto_gates_the_invariance_aware_figure_under_the_default_metho
                  str(out), "--max-drop", "auto")
     assert run.returncode == 0, run.stdout + run.stderr
     assert "pass: max-drop:" in run.stdout and "drop +0.0000" in run.stdout
+    assert "(auto: 3 x the baseline's interval" in run.stdout

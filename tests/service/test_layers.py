@@ -3,7 +3,8 @@ worker → service core ← gateway, all → contract (docs/architecture.md). An
 code the tree uses is in the registry.
 
     contract   stitchsim.models, .catalogue, .entries, .codes, .failure, .errors, .datasets,
-               .jsondepth, .files, .method, .caveats, .validation: nothing of ours outside
+               .jsondepth, .keyredact, .probes, .files, .method, .caveats, .validation:
+               nothing of ours outside
                itself, no httpx
                (Report's notebook helpers import the view's frames lazily, at call time)
     view       stitchsim.view, .table, .junit, .gates, .markdown, .frames: the contract only
@@ -32,7 +33,8 @@ PACKAGES = {ROOT / "client" / "stitchsim": "stitchsim", ROOT / "service": "stitc
             ROOT / "worker": "stitchsim_worker"}
 CONTRACT = ("stitchsim.models", "stitchsim.catalogue", "stitchsim.entries", "stitchsim.codes",
             "stitchsim.failure", "stitchsim.errors", "stitchsim.datasets", "stitchsim.jsondepth",
-            "stitchsim.files", "stitchsim.method", "stitchsim.caveats", "stitchsim.validation")
+            "stitchsim.keyredact", "stitchsim.probes", "stitchsim.files", "stitchsim.method",
+            "stitchsim.caveats", "stitchsim.validation")
 VIEW = ("stitchsim.view", "stitchsim.table", "stitchsim.junit", "stitchsim.gates",
         "stitchsim.markdown", "stitchsim.frames")
 # Report.to_pandas() and _repr_html_ (a notebook's helpers on the contract's model) import the
