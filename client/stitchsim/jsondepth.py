@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from typing import Any
 
 MAX_JSON_DEPTH = 32
@@ -92,22 +93,29 @@ def check_parsed(value: Any, what: str) -> Any:
     return value
 
 
+def _bounded(text: str, what: str, loads: Callable[[str], Any],
+             decode_error: type[Exception], kind: str) -> Any:
+    """`loads(text)` with the depth bound checked on the text first (a parser would recurse
+    into it) and again as RecursionError, and inf/NaN refused in what it gives."""
+    deep = f"{what} is nested more than {MAX_JSON_DEPTH} levels deep"
+    if text_deeper_than(text):
+        raise JSONInputError(deep)
+    try:
+        value = loads(text)
+    except RecursionError:
+        raise JSONInputError(deep) from None
+    except decode_error as exc:
+        raise JSONInputError(f"{what} is not valid {kind}: {exc}") from None
+    return check_parsed(value, what)
+
+
 def parse_json(text: str | bytes, what: str) -> Any:
     """A user's JSON text parsed, refused with JSONInputError naming `what` (a file, a flag,
     the body) when it is not JSON, nests more than MAX_JSON_DEPTH levels or holds Infinity,
     -Infinity or NaN (Python's reader takes them; standard JSON has none)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    if text_deeper_than(text):
-        raise JSONInputError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise JSONInputError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep"
-                             ) from None
-    except ValueError as exc:
-        raise JSONInputError(f"{what} is not valid JSON: {exc}") from None
-    return check_parsed(value, what)
+    return _bounded(text, what, json.loads, ValueError, "JSON")
 
 
 def parse_toml(text: str, what: str) -> dict[str, Any]:
@@ -117,13 +125,5 @@ def parse_toml(text: str, what: str) -> dict[str, Any]:
     except ModuleNotFoundError:  # Python 3.10: config.py made sure tomli is there
         import tomli as tomllib  # type: ignore[no-redef]
 
-    if text_deeper_than(text):
-        raise JSONInputError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep")
-    try:
-        value = tomllib.loads(text)
-    except RecursionError:
-        raise JSONInputError(f"{what} is nested more than {MAX_JSON_DEPTH} levels deep"
-                             ) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise JSONInputError(f"{what} is not valid TOML: {exc}") from None
-    return check_parsed(value, what)  # type: ignore[no-any-return]
+    return _bounded(text, what, tomllib.loads, tomllib.TOMLDecodeError,  # type: ignore[no-any-return]
+                    "TOML")
