@@ -75,6 +75,21 @@ def _timed_points(c: httpx.Client, cid: str) -> float:
     return time.monotonic() - started
 
 
+def _timed_while(flood: Any, stop: threading.Event, bob: httpx.Client, cid: str,
+                 after_s: float) -> list[float]:
+    """Bob's three timed checks while two of alice's threads run `flood` until `stop`."""
+    threads = [threading.Thread(target=flood) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(after_s)
+        return [_timed_points(bob, cid) for _ in range(3)]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=120)
+
+
 def test_bad_configs_are_422_naming_the_field_on_every_route(svc: ServiceHandle,
                                                              resnet: Path) -> None:
     with svc.client() as alice:
@@ -113,16 +128,7 @@ def test_a_valid_check_keeps_its_time_while_starving_configs_arrive(
                     for cid in starving:
                         answers.append(c.get(f"/checkpoints/{cid}/points").status_code)
 
-        threads = [threading.Thread(target=flood) for _ in range(2)]
-        for t in threads:
-            t.start()
-        try:
-            time.sleep(1.0)  # the flood is under way
-            during = [_timed_points(bob, bobs) for _ in range(3)]
-        finally:
-            stop.set()
-            for t in threads:
-                t.join(timeout=120)
+        during = _timed_while(flood, stop, bob, bobs, after_s=1.0)  # the flood under way
         print(f"bob's check: {normal:.2f} s warm median alone, {max(during):.2f} s at worst "
               f"while alice sent {len(answers)} starving configs ({answers.count(422)} x 422)")
         # Each starving config costs the checker milliseconds: bob waits behind at most
@@ -209,16 +215,7 @@ def test_a_keys_slow_legal_checks_delay_another_key_by_one_check_at_most(
                         if r.status_code == 429:
                             time.sleep(0.2)
 
-            threads = [threading.Thread(target=flood) for _ in range(2)]
-            for t in threads:
-                t.start()
-            try:
-                time.sleep(1.0)  # a slow check is running
-                during = [_timed_points(bob, bobs) for _ in range(3)]
-            finally:
-                stop.set()
-                for t in threads:
-                    t.join(timeout=120)
+            during = _timed_while(flood, stop, bob, bobs, after_s=1.0)  # a slow check runs
         print(f"bob's check: {normal:.2f} s alone, {max(during):.2f} s at worst while alice "
               f"sent the 1000-layer ViT {len(answers)} times ({sorted(set(answers))})")
         assert "spec_check_timeout" in answers, answers  # legal, and slow: it ran its limit
